@@ -1,0 +1,221 @@
+#include "asgd_args.h"
+
+#include <c10/util/Exception.h>
+
+namespace torchext {
+namespace {
+
+bool is_supported_param_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+    case at::kDouble:
+    case at::kHalf:
+    case at::kBFloat16:
+    case at::kComplexFloat:
+    case at::kComplexDouble:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void check_state_scalar(const char* name, size_t i, const at::Tensor& t,
+                        const c10::Device& device) {
+  TORCH_CHECK(t.defined(), "asgd_: ", name, "[", i, "] is undefined");
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble,
+                   "asgd_: ", name, "[", i, "] must be a float32 or float64 tensor, got ",
+                   t.scalar_type());
+  TORCH_CHECK_VALUE(t.numel() == 1, "asgd_: ", name, "[", i,
+                    "] must hold exactly one element, got shape ", t.sizes());
+  TORCH_CHECK(t.device() == device, "asgd_: ", name, "[", i, "] is on ", t.device(),
+              " but params[", i, "] is on ", device,
+              "; optimizer state must live on the parameter's device");
+}
+
+}  // namespace
+
+double read_cpu_scalar(const at::Tensor& t) {
+  const void* p = t.const_data_ptr();
+  switch (t.scalar_type()) {
+    case at::kFloat: return *static_cast<const float*>(p);
+    case at::kDouble: return *static_cast<const double*>(p);
+    case at::kInt: return *static_cast<const int32_t*>(p);
+    case at::kLong: return static_cast<double>(*static_cast<const int64_t*>(p));
+    default: return t.item<double>();
+  }
+}
+
+void check_found_inf(const char* op, const at::Tensor& found_inf,
+                     const c10::Device& device) {
+  TORCH_CHECK_TYPE(found_inf.scalar_type() == at::kFloat, op,
+                   ": found_inf must be a float32 tensor, got ", found_inf.scalar_type());
+  TORCH_CHECK_VALUE(found_inf.numel() == 1, op,
+                    ": found_inf must hold exactly one element, got shape ",
+                    found_inf.sizes());
+  TORCH_CHECK(found_inf.device() == device, op, ": found_inf is on ",
+              found_inf.device(), " but the tensors are on ", device);
+}
+
+void check_asgd_args(const ASGDArgs& a) {
+  const size_t n = a.params.size();
+  TORCH_CHECK_VALUE(
+      a.grads.size() == n && a.axs.size() == n && a.mus.size() == n &&
+          a.etas.size() == n && a.steps.size() == n,
+      "asgd_: params, grads, axs, mus, etas and steps must have the same length, got ",
+      n, ", ", a.grads.size(), ", ", a.axs.size(), ", ", a.mus.size(), ", ",
+      a.etas.size(), " and ", a.steps.size());
+
+  if (a.lr_tensor.has_value()) {
+    const at::Tensor& lr = *a.lr_tensor;
+    TORCH_CHECK_VALUE(lr.numel() == 1, "asgd_: a tensor lr must hold exactly one element, got shape ",
+                      lr.sizes());
+    TORCH_CHECK_TYPE(at::isFloatingType(lr.scalar_type()),
+                     "asgd_: a tensor lr must be floating point, got ", lr.scalar_type());
+    // Its value can only be checked where reading it costs no device sync.
+    if (lr.device().is_cpu()) {
+      const double v = read_cpu_scalar(lr);
+      TORCH_CHECK_VALUE(v >= 0.0, "asgd_: invalid learning rate: ", v, " (must be >= 0)");
+    }
+  } else {
+    TORCH_CHECK_VALUE(a.lr >= 0.0, "asgd_: invalid learning rate: ", a.lr, " (must be >= 0)");
+  }
+  TORCH_CHECK_VALUE(a.lambd >= 0.0, "asgd_: invalid lambd value: ", a.lambd, " (must be >= 0)");
+  TORCH_CHECK_VALUE(a.alpha >= 0.0, "asgd_: invalid alpha value: ", a.alpha, " (must be >= 0)");
+  TORCH_CHECK_VALUE(a.weight_decay >= 0.0, "asgd_: invalid weight_decay value: ",
+                    a.weight_decay, " (must be >= 0)");
+
+  if (n == 0) {
+    return;
+  }
+  const c10::Device device = a.params[0].device();
+  for (size_t i = 0; i < n; ++i) {
+    const at::Tensor& p = a.params[i];
+    const at::Tensor& g = a.grads[i];
+    const at::Tensor& ax = a.axs[i];
+    TORCH_CHECK(p.defined(), "asgd_: params[", i, "] is undefined");
+    TORCH_CHECK(g.defined(), "asgd_: grads[", i, "] is undefined (leave params without a grad out of the lists)");
+    TORCH_CHECK(ax.defined(), "asgd_: axs[", i, "] is undefined");
+    TORCH_CHECK(!g.is_sparse(), "asgd_: ASGD does not support sparse gradients (grads[", i, "] is sparse)");
+    TORCH_CHECK(p.layout() == at::kStrided && g.layout() == at::kStrided &&
+                    ax.layout() == at::kStrided,
+                "asgd_: params[", i, "], grads[", i, "] and axs[", i, "] must be strided (dense) tensors");
+    TORCH_CHECK_TYPE(is_supported_param_dtype(p.scalar_type()), "asgd_: params[", i,
+                     "] has unsupported dtype ", p.scalar_type(),
+                     "; supported: float32, float64, float16, bfloat16, complex64, complex128");
+    TORCH_CHECK_TYPE(g.scalar_type() == p.scalar_type(), "asgd_: grads[", i, "] has dtype ",
+                     g.scalar_type(), " but params[", i, "] has dtype ", p.scalar_type());
+    TORCH_CHECK_TYPE(ax.scalar_type() == p.scalar_type(), "asgd_: axs[", i, "] has dtype ",
+                     ax.scalar_type(), " but params[", i, "] has dtype ", p.scalar_type());
+    TORCH_CHECK_VALUE(g.sizes() == p.sizes(), "asgd_: grads[", i, "] has shape ", g.sizes(),
+                      " but params[", i, "] has shape ", p.sizes());
+    TORCH_CHECK_VALUE(ax.sizes() == p.sizes(), "asgd_: axs[", i, "] has shape ", ax.sizes(),
+                      " but params[", i, "] has shape ", p.sizes());
+    TORCH_CHECK(p.device() == device, "asgd_: all tensors must be on one device; params[0] is on ",
+                device, " but params[", i, "] is on ", p.device());
+    TORCH_CHECK(g.device() == device, "asgd_: grads[", i, "] is on ", g.device(),
+                " but params[", i, "] is on ", device);
+    TORCH_CHECK(ax.device() == device, "asgd_: axs[", i, "] is on ", ax.device(),
+                " but params[", i, "] is on ", device);
+    TORCH_CHECK(!ax.is_alias_of(p) && !g.is_alias_of(p) && !ax.is_alias_of(g),
+                "asgd_: params[", i, "], grads[", i, "] and axs[", i, "] must not share memory");
+    check_state_scalar("mus", i, a.mus[i], device);
+    check_state_scalar("etas", i, a.etas[i], device);
+    check_state_scalar("steps", i, a.steps[i], device);
+    TORCH_CHECK_TYPE(a.mus[i].scalar_type() == a.steps[0].scalar_type() &&
+                         a.etas[i].scalar_type() == a.steps[0].scalar_type() &&
+                         a.steps[i].scalar_type() == a.steps[0].scalar_type(),
+                     "asgd_: mus, etas and steps must all share one dtype (float32, or float64 "
+                     "when the default dtype is float64); steps[0] is ",
+                     a.steps[0].scalar_type(), " but entry ", i, " has ", a.mus[i].scalar_type(),
+                     ", ", a.etas[i].scalar_type(), ", ", a.steps[i].scalar_type());
+  }
+  if (a.lr_tensor.has_value()) {
+    const auto& lr = *a.lr_tensor;
+    TORCH_CHECK(lr.device() == device || lr.device().is_cpu(), "asgd_: a tensor lr must be on the CPU or on ",
+                device, ", got ", lr.device());
+  }
+  if (a.grad_scale.has_value()) {
+    const auto& s = *a.grad_scale;
+    TORCH_CHECK_TYPE(s.scalar_type() == at::kFloat, "asgd_: grad_scale must be a float32 tensor, got ",
+                     s.scalar_type());
+    TORCH_CHECK_VALUE(s.numel() == 1, "asgd_: grad_scale must hold exactly one element, got shape ",
+                      s.sizes());
+    TORCH_CHECK(s.device() == device, "asgd_: grad_scale is on ", s.device(),
+                " but the params are on ", device);
+  }
+  if (a.found_inf.has_value()) {
+    check_found_inf("asgd_", *a.found_inf, device);
+  }
+}
+
+void check_amp_tensors(const char* op, at::TensorList tensors, const at::Tensor& found_inf,
+                       bool allow_fp16) {
+  const c10::Device device = found_inf.device();
+  check_found_inf(op, found_inf, device);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    TORCH_CHECK(t.defined(), op, ": tensors[", i, "] is undefined");
+    TORCH_CHECK(t.layout() == at::kStrided, op, ": tensors[", i,
+                "] must be a strided (dense) tensor; sparse gradients are not supported");
+    const auto dt = t.scalar_type();
+    TORCH_CHECK_TYPE(dt == at::kFloat || dt == at::kDouble || dt == at::kHalf ||
+                         dt == at::kBFloat16 || dt == at::kComplexFloat ||
+                         dt == at::kComplexDouble,
+                     op, ": tensors[", i, "] has unsupported dtype ", dt);
+    TORCH_CHECK(t.device() == device, op, ": tensors[", i, "] is on ", t.device(),
+                " but found_inf is on ", device);
+  }
+}
+
+void check_unscale_args(at::TensorList tensors, const at::Tensor& found_inf,
+                        const at::Tensor& inv_scale) {
+  check_amp_tensors("unscale_", tensors, found_inf);
+  TORCH_CHECK_TYPE(inv_scale.scalar_type() == at::kFloat,
+                   "unscale_: inv_scale must be a float32 tensor, got ", inv_scale.scalar_type());
+  TORCH_CHECK_VALUE(inv_scale.numel() == 1,
+                    "unscale_: inv_scale must hold exactly one element, got shape ",
+                    inv_scale.sizes());
+  TORCH_CHECK(inv_scale.device() == found_inf.device(), "unscale_: inv_scale is on ",
+              inv_scale.device(), " but found_inf is on ", found_inf.device());
+}
+
+void check_update_scale_args(const at::Tensor& scale, const at::Tensor& growth_tracker,
+                             const at::Tensor& hysteresis_tracker, const at::Tensor& found_inf,
+                             double growth_factor, double backoff_factor, int64_t growth_interval,
+                             int64_t hysteresis, std::optional<double> min_scale,
+                             std::optional<double> max_scale) {
+  const char* op = "update_scale_";
+  TORCH_CHECK_TYPE(scale.scalar_type() == at::kFloat, op,
+                   ": scale must be a float32 tensor, got ", scale.scalar_type());
+  TORCH_CHECK_VALUE(scale.numel() == 1, op, ": scale must hold exactly one element, got shape ",
+                    scale.sizes());
+  const c10::Device device = scale.device();
+  TORCH_CHECK_TYPE(growth_tracker.scalar_type() == at::kInt, op,
+                   ": growth_tracker must be an int32 tensor, got ", growth_tracker.scalar_type());
+  TORCH_CHECK_VALUE(growth_tracker.numel() == 1, op,
+                    ": growth_tracker must hold exactly one element, got shape ",
+                    growth_tracker.sizes());
+  TORCH_CHECK(growth_tracker.device() == device, op, ": growth_tracker is on ",
+              growth_tracker.device(), " but scale is on ", device);
+  TORCH_CHECK_TYPE(hysteresis_tracker.scalar_type() == at::kInt, op,
+                   ": hysteresis_tracker must be an int32 tensor, got ",
+                   hysteresis_tracker.scalar_type());
+  TORCH_CHECK_VALUE(hysteresis_tracker.numel() == 1, op,
+                    ": hysteresis_tracker must hold exactly one element, got shape ",
+                    hysteresis_tracker.sizes());
+  TORCH_CHECK(hysteresis_tracker.device() == device, op, ": hysteresis_tracker is on ",
+              hysteresis_tracker.device(), " but scale is on ", device);
+  check_found_inf(op, found_inf, device);
+  TORCH_CHECK_VALUE(growth_factor > 1.0, op, ": growth_factor must be > 1, got ", growth_factor);
+  TORCH_CHECK_VALUE(backoff_factor > 0.0 && backoff_factor < 1.0, op,
+                    ": backoff_factor must be in (0, 1), got ", backoff_factor);
+  TORCH_CHECK_VALUE(growth_interval >= 1, op, ": growth_interval must be >= 1, got ",
+                    growth_interval);
+  TORCH_CHECK_VALUE(hysteresis >= 1, op, ": hysteresis must be >= 1, got ", hysteresis);
+  const double lo = min_scale.value_or(0.0);
+  const double hi = max_scale.value_or(std::numeric_limits<double>::infinity());
+  TORCH_CHECK_VALUE(lo >= 0.0 && lo <= hi, op, ": need 0 <= min_scale <= max_scale, got min_scale=",
+                    lo, ", max_scale=", hi);
+}
+
+}  // namespace torchext

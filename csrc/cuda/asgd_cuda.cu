@@ -1,0 +1,195 @@
+// CUDA kernel of torchext::asgd_: multi-tensor apply, one launch per dtype
+// group and batch of chunks, on the current stream, with no host sync. The
+// per-element math is the header shared with the CPU kernel.
+//
+// step/eta/mu are updated by a second, small kernel after every elementwise
+// launch: a chunk must never see the eta/mu another chunk of the same tensor
+// already advanced.
+#include "../asgd_args.h"
+#include "../dense_views.h"
+#include "multi_tensor_apply.cuh"
+#include "torchext/elementwise_math.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <map>
+#include <vector>
+
+namespace torchext {
+namespace cuda {
+namespace {
+
+// Pointer slots of the elementwise launch: p, g, ax are chunked; eta and mu
+// are per-tensor extras.
+enum Slot { kP = 0, kG = 1, kAx = 2, kEta = 3, kMu = 4 };
+constexpr int kASGDDepth = 5;
+
+struct ASGDKernelArgs {
+  const float* found_inf;   // nullptr: never skip
+  const float* grad_scale;  // nullptr: grads are not scaled
+  double lambd;
+  double weight_decay;
+  bool maximize;
+  bool state_is_double;
+};
+
+template <typename scalar_t>
+__global__ void __launch_bounds__(kBlockSize)
+    asgd_kernel(TensorListMeta<kASGDDepth> meta, ASGDKernelArgs args) {
+  if (args.found_inf != nullptr && *args.found_inf != 0.f) return;
+  using opmath_t = at::opmath_type<scalar_t>;
+  const int t = meta.block_tensor[blockIdx.x];
+  const int64_t begin = static_cast<int64_t>(meta.block_chunk[blockIdx.x]) * kChunkSize;
+  const int64_t end = ::min(meta.numel[t], begin + kChunkSize);
+  const bool unscale = args.grad_scale != nullptr;
+  // Same float32 reciprocal as GradScaler.unscale_.
+  const float inv_scale =
+      unscale ? static_cast<float>(1.0 / static_cast<double>(*args.grad_scale)) : 1.f;
+  const auto c = math::make_asgd_coeffs<opmath_t>(
+      load_scalar(meta.ptrs[kEta][t], args.state_is_double),
+      load_scalar(meta.ptrs[kMu][t], args.state_is_double), args.lambd, args.weight_decay,
+      args.maximize, unscale, inv_scale);
+  auto* p = static_cast<scalar_t*>(meta.ptrs[kP][t]);
+  const auto* g = static_cast<const scalar_t*>(meta.ptrs[kG][t]);
+  auto* ax = static_cast<scalar_t*>(meta.ptrs[kAx][t]);
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    opmath_t vp = static_cast<opmath_t>(p[i]);
+    opmath_t vax = static_cast<opmath_t>(ax[i]);
+    math::asgd_update(vp, vax, static_cast<opmath_t>(g[i]), c);
+    p[i] = static_cast<scalar_t>(vp);
+    ax[i] = static_cast<scalar_t>(vax);
+  }
+}
+
+// step += 1, then eta and mu from the new step; one thread per tensor.
+constexpr int kMaxScheduleTensors = 128;
+struct ScheduleMeta {
+  void* step[kMaxScheduleTensors];
+  void* eta[kMaxScheduleTensors];
+  void* mu[kMaxScheduleTensors];
+  int n;
+};
+static_assert(sizeof(ScheduleMeta) + 128 <= 4096, "kernel argument too large");
+
+struct ScheduleArgs {
+  const float* found_inf;
+  const void* lr_ptr;  // device lr tensor, or nullptr to use lr_value
+  bool lr_is_double;
+  double lr_value;
+  double lambd, alpha, t0;
+  bool state_is_double;
+};
+
+__global__ void asgd_schedule_kernel(ScheduleMeta meta, ScheduleArgs args) {
+  const int i = threadIdx.x;
+  if (i >= meta.n) return;
+  if (args.found_inf != nullptr && *args.found_inf != 0.f) return;
+  const double lr = args.lr_ptr != nullptr ? load_scalar(args.lr_ptr, args.lr_is_double)
+                                           : args.lr_value;
+  const double step = load_scalar(meta.step[i], args.state_is_double) + 1.0;
+  store_scalar(meta.step[i], args.state_is_double, step);
+  store_scalar(meta.eta[i], args.state_is_double,
+               math::asgd_eta(lr, args.lambd, args.alpha, step));
+  store_scalar(meta.mu[i], args.state_is_double, math::asgd_mu(args.t0, step));
+}
+
+void asgd_cuda_impl(const ASGDArgs& a) {
+  check_asgd_args(a);
+  const size_t n = a.params.size();
+  if (n == 0) return;
+  const c10::cuda::CUDAGuard guard(a.params[0].device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const bool state_is_double = a.steps[0].scalar_type() == at::kDouble;
+
+  ASGDKernelArgs kargs{};
+  kargs.found_inf = a.found_inf ? a.found_inf->const_data_ptr<float>() : nullptr;
+  kargs.grad_scale = a.grad_scale ? a.grad_scale->const_data_ptr<float>() : nullptr;
+  kargs.lambd = a.lambd;
+  kargs.weight_decay = a.weight_decay;
+  kargs.maximize = a.maximize;
+  kargs.state_is_double = state_is_double;
+
+  // Dense real views, grouped by dtype: one launch series per group.
+  std::vector<DenseTriple> dense;
+  dense.reserve(n);
+  std::map<at::ScalarType, std::vector<TensorEntry<kASGDDepth>>> groups;
+  for (size_t i = 0; i < n; ++i) {
+    dense.push_back(make_dense_triple(a.params[i], a.grads[i], a.axs[i]));
+    DenseTriple& d = dense.back();
+    groups[d.p.scalar_type()].push_back(
+        {{d.p.data_ptr(), const_cast<void*>(d.g.const_data_ptr()), d.ax.data_ptr(),
+          a.etas[i].data_ptr(), a.mus[i].data_ptr()},
+         d.p.numel()});
+  }
+  for (auto& [dtype, entries] : groups) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "asgd_cuda", [&] {
+      multi_tensor_apply<kASGDDepth>(entries, [&](const TensorListMeta<kASGDDepth>& meta,
+                                                  int nblocks) {
+        asgd_kernel<scalar_t><<<nblocks, kBlockSize, 0, stream>>>(meta, kargs);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
+    });
+  }
+  for (auto& d : dense) d.write_back();
+
+  // The schedule, after every elementwise launch on this stream.
+  ScheduleArgs sargs{};
+  sargs.found_inf = kargs.found_inf;
+  sargs.lambd = a.lambd;
+  sargs.alpha = a.alpha;
+  sargs.t0 = a.t0;
+  sargs.state_is_double = state_is_double;
+  at::Tensor lr_device;  // keeps a converted lr alive until the launches are queued
+  if (a.lr_tensor.has_value() && !a.lr_tensor->device().is_cpu()) {
+    lr_device = a.lr_tensor->scalar_type() == at::kDouble ? *a.lr_tensor
+                                                           : a.lr_tensor->to(at::kFloat);
+    sargs.lr_ptr = lr_device.const_data_ptr();
+    sargs.lr_is_double = lr_device.scalar_type() == at::kDouble;
+  } else {
+    // A CPU lr tensor is read on the host: no device sync involved.
+    sargs.lr_value = a.lr_tensor.has_value() ? read_cpu_scalar(*a.lr_tensor) : a.lr;
+  }
+  ScheduleMeta smeta{};
+  for (size_t i = 0; i < n; ++i) {
+    smeta.step[smeta.n] = a.steps[i].data_ptr();
+    smeta.eta[smeta.n] = a.etas[i].data_ptr();
+    smeta.mu[smeta.n] = a.mus[i].data_ptr();
+    if (++smeta.n == kMaxScheduleTensors || i == n - 1) {
+      asgd_schedule_kernel<<<1, kMaxScheduleTensors, 0, stream>>>(smeta, sargs);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      smeta.n = 0;
+    }
+  }
+}
+
+void asgd_cuda(at::TensorList params, at::TensorList grads, at::TensorList axs,
+               at::TensorList mus, at::TensorList etas, at::TensorList steps, double lr,
+               double lambd, double alpha, double t0, double weight_decay, bool maximize,
+               const std::optional<at::Tensor>& grad_scale,
+               const std::optional<at::Tensor>& found_inf) {
+  asgd_cuda_impl({params, grads, axs, mus, etas, steps, lr, std::nullopt, lambd, alpha, t0,
+                  weight_decay, maximize, grad_scale, found_inf});
+}
+
+void asgd_cuda_tensor_lr(at::TensorList params, at::TensorList grads, at::TensorList axs,
+                         at::TensorList mus, at::TensorList etas, at::TensorList steps,
+                         const at::Tensor& lr, double lambd, double alpha, double t0,
+                         double weight_decay, bool maximize,
+                         const std::optional<at::Tensor>& grad_scale,
+                         const std::optional<at::Tensor>& found_inf) {
+  asgd_cuda_impl({params, grads, axs, mus, etas, steps, 0.0, lr, lambd, alpha, t0, weight_decay,
+                  maximize, grad_scale, found_inf});
+}
+
+}  // namespace
+}  // namespace cuda
+
+TORCH_LIBRARY_IMPL(torchext, CUDA, m) {
+  m.impl("asgd_", &cuda::asgd_cuda);
+  m.impl("asgd_.tensor_lr", &cuda::asgd_cuda_tensor_lr);
+}
+
+}  // namespace torchext

@@ -1,0 +1,68 @@
+#include "dense_views.h"
+
+#include <ATen/ops/view_as_real.h>
+#include <c10/util/Exception.h>
+
+namespace torchext {
+namespace {
+
+at::Tensor as_real(const at::Tensor& t) {
+  return t.is_complex() ? at::view_as_real(t) : t;
+}
+
+// Can a, b be walked element for element as flat memory?
+bool same_dense_layout(const at::Tensor& a, const at::Tensor& b) {
+  return b.is_non_overlapping_and_dense() && a.strides() == b.strides();
+}
+
+}  // namespace
+
+DenseTriple make_dense_triple(const at::Tensor& param, const at::Tensor& grad,
+                              const at::Tensor& ax) {
+  DenseTriple d{as_real(param), as_real(grad), as_real(ax), {}, {}};
+  if (d.p.is_non_overlapping_and_dense() && same_dense_layout(d.p, d.g) &&
+      same_dense_layout(d.p, d.ax)) {
+    return d;
+  }
+  if (!d.p.is_contiguous()) {
+    d.p_home = d.p;
+    d.p = d.p.contiguous();
+  }
+  if (!d.ax.is_contiguous()) {
+    d.ax_home = d.ax;
+    d.ax = d.ax.contiguous();
+  }
+  d.g = d.g.contiguous();
+  return d;
+}
+
+void DenseTriple::write_back() {
+  if (p_home.defined()) p_home.copy_(p);
+  if (ax_home.defined()) ax_home.copy_(ax);
+}
+
+DenseOne make_dense_one(const at::Tensor& t) {
+  DenseOne d{as_real(t), {}};
+  if (!d.t.is_non_overlapping_and_dense()) {
+    d.home = d.t;
+    d.t = d.t.contiguous();
+  }
+  return d;
+}
+
+void DenseOne::write_back() {
+  if (home.defined()) home.copy_(t);
+}
+
+void write_cpu_scalar(const at::Tensor& t, double value) {
+  void* p = t.mutable_data_ptr();
+  switch (t.scalar_type()) {
+    case at::kFloat: *static_cast<float*>(p) = static_cast<float>(value); break;
+    case at::kDouble: *static_cast<double*>(p) = value; break;
+    case at::kInt: *static_cast<int32_t*>(p) = static_cast<int32_t>(value); break;
+    case at::kLong: *static_cast<int64_t*>(p) = static_cast<int64_t>(value); break;
+    default: t.fill_(value);
+  }
+}
+
+}  // namespace torchext

@@ -1,0 +1,33 @@
+// Kernels work on flat, dense, real buffers. DenseTriple turns a
+// (param, grad, ax) triple into such buffers: complex tensors become real
+// views, and tensors whose layouts cannot be walked together as flat memory
+// go through contiguous temporaries that write_back() copies home.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace torchext {
+
+struct DenseTriple {
+  at::Tensor p, g, ax;       // what the kernel reads and writes, flat
+  at::Tensor p_home, ax_home;  // defined when p/ax are temporaries
+
+  void write_back();
+};
+
+DenseTriple make_dense_triple(const at::Tensor& param, const at::Tensor& grad,
+                              const at::Tensor& ax);
+
+// A single tensor as a flat, dense, real buffer (for the AMP ops).
+struct DenseOne {
+  at::Tensor t;
+  at::Tensor home;  // defined when t is a temporary
+  void write_back();
+};
+DenseOne make_dense_one(const at::Tensor& t);
+
+// Writes a value into a 1-element float/double/int CPU tensor without going
+// through the dispatcher (fill_ costs microseconds per call).
+void write_cpu_scalar(const at::Tensor& t, double value);
+
+}  // namespace torchext

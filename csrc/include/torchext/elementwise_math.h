@@ -1,0 +1,151 @@
+// The per-element math of torchext, shared by the CPU kernels (scalar and
+// at::vec::Vectorized) and the CUDA kernels. Every function here is written
+// once, templated on the arithmetic type `V`, which is a plain float/double
+// (CPU tails, CUDA threads) or an at::vec::Vectorized<float/double> (CPU body).
+//
+// Low-precision parameters (fp16/bf16) are loaded, computed in float32 and
+// rounded once on store; the launchers do the loads and stores.
+#pragma once
+
+#include <c10/macros/Macros.h>
+#include <cmath>
+#include <cstdint>
+
+namespace torchext {
+namespace math {
+
+// Per-tensor coefficients of one ASGD step, in the compute type of the tensor.
+// They are derived from the *previous* eta and mu, exactly as
+// torch.optim.ASGD does (the step uses the old eta/mu, then recomputes both).
+template <typename V>
+struct ASGDCoeffs {
+  V inv_scale;     // 1/grad_scale (float32-rounded, as torch's unscale_ uses)
+  V weight_decay;  // signed: -wd when maximizing (see make_asgd_coeffs)
+  V decay;         // 1 - lambd * eta
+  V step_size;     // -eta, or +eta when maximizing
+  V mu;
+  bool unscale;
+  bool has_weight_decay;
+  bool average;    // false when mu == 1: torch then copies param into ax
+};
+
+// Builds the coefficients for one tensor. eta and mu are the float32 (or
+// float64) state values; lambd and weight_decay are the group's doubles. The
+// scalar expressions are evaluated in double, as Python does in torch's
+// for-loop implementation, then rounded to the compute type.
+//
+// Maximize is folded into signs, bit-exactly: torch computes
+//   g' = -g + wd*p ; p = p*decay + (-eta)*g'
+// and negation is exact, so p*decay + eta*(g + (-wd)*p) gives the same bits.
+template <typename T>
+C10_HOST_DEVICE inline ASGDCoeffs<T> make_asgd_coeffs(
+    double eta, double mu, double lambd, double weight_decay, bool maximize,
+    bool unscale, float inv_scale) {
+  ASGDCoeffs<T> c;
+  c.inv_scale = static_cast<T>(inv_scale);
+  c.unscale = unscale;
+  c.has_weight_decay = weight_decay != 0.0;
+  c.weight_decay = static_cast<T>(maximize ? -weight_decay : weight_decay);
+  c.decay = static_cast<T>(1.0 - lambd * eta);
+  c.step_size = static_cast<T>(maximize ? eta : -eta);
+  c.mu = static_cast<T>(mu);
+  c.average = mu != 1.0;
+  return c;
+}
+
+// One ASGD update of one element (or one vector of elements), in place.
+// Same order of operations as torch.optim.ASGD's for-loop path:
+//   g = grad (* inv_scale) ; g = g + wd * p
+//   p = p * (1 - lambd*eta) ; p = p - eta * g
+//   ax = mu == 1 ? p : ax + (p - ax) * mu
+template <typename V, typename C>
+C10_HOST_DEVICE inline void asgd_update(V& p, V& ax, V g, const C& c) {
+  if (c.unscale) {
+    g = g * c.inv_scale;
+  }
+  if (c.has_weight_decay) {
+    g = g + c.weight_decay * p;
+  }
+  p = p * c.decay;
+  p = p + c.step_size * g;
+  if (c.average) {
+    ax = ax + (p - ax) * c.mu;
+  } else {
+    ax = p;
+  }
+}
+
+// The eta/mu schedule of torch.optim.ASGD, evaluated after `step` has been
+// incremented. Computed in double (torch evaluates it in Python floats) and
+// rounded once when stored into the float32 state tensors.
+C10_HOST_DEVICE inline double asgd_eta(double lr, double lambd, double alpha,
+                                       double step) {
+  return lr / ::pow(1.0 + lambd * lr * step, alpha);
+}
+
+C10_HOST_DEVICE inline double asgd_mu(double t0, double step) {
+  const double d = step - t0;
+  return 1.0 / (d > 1.0 ? d : 1.0);
+}
+
+// ---- AMP loss scaling --------------------------------------------------
+
+// True when x is inf or NaN (works for float and double).
+template <typename T>
+C10_HOST_DEVICE inline bool non_finite(T x) {
+  return !(x - x == x - x);  // NaN for inf and NaN, 0 otherwise
+}
+
+// State of the dynamic loss scale. growth_tracker counts consecutive
+// finite steps; hysteresis_tracker counts the overflows still tolerated
+// before a backoff (Megatron-LM's rule; hysteresis == 1 is torch's rule).
+struct ScaleUpdate {
+  float scale;
+  int32_t growth_tracker;
+  int32_t hysteresis_tracker;
+};
+
+// torch's _amp_update_scale_ rule, extended with hysteresis and clamps:
+// - overflow: growth_tracker = 0, hysteresis_tracker -= 1, and when it
+//   reaches 0 the scale backs off (never below min_scale);
+// - no overflow: growth_tracker += 1; at growth_interval the scale grows
+//   (never above max_scale, never to inf), and both trackers reset.
+// The products are evaluated in double and rounded to float, like torch.
+C10_HOST_DEVICE inline ScaleUpdate update_scale(
+    float scale, int32_t growth_tracker, int32_t hysteresis_tracker,
+    bool found_inf, double growth_factor, double backoff_factor,
+    int64_t growth_interval, int64_t hysteresis, double min_scale,
+    double max_scale) {
+  ScaleUpdate r{scale, growth_tracker, hysteresis_tracker};
+  if (found_inf) {
+    r.growth_tracker = 0;
+    r.hysteresis_tracker = hysteresis_tracker - 1;
+    if (r.hysteresis_tracker <= 0) {
+      r.hysteresis_tracker = 0;
+      float s = static_cast<float>(static_cast<double>(scale) * backoff_factor);
+      if (static_cast<double>(s) < min_scale) {
+        s = static_cast<float>(min_scale);
+      }
+      r.scale = s;
+    }
+  } else {
+    const int32_t successful = growth_tracker + 1;
+    if (successful >= growth_interval) {
+      float s = static_cast<float>(static_cast<double>(scale) * growth_factor);
+      if (static_cast<double>(s) > max_scale) {
+        s = static_cast<float>(max_scale);
+      }
+      if (!non_finite(s)) {
+        r.scale = s;
+      }
+      r.growth_tracker = 0;
+      r.hysteresis_tracker = static_cast<int32_t>(hysteresis);
+    } else {
+      r.growth_tracker = successful;
+    }
+  }
+  return r;
+}
+
+}  // namespace math
+}  // namespace torchext

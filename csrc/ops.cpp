@@ -1,0 +1,38 @@
+// The one place where torchext's operator schemas live. Kernels register
+// themselves per dispatch key in cpu/, cuda/ and meta/.
+//
+// Contract (see DESIGN.md): every mutated list or tensor is annotated with
+// (x!), nothing is returned, so nothing returned aliases an input; this is
+// what torch.compile's auto-functionalization needs.
+#include <torch/library.h>
+
+TORCH_LIBRARY(torchext, m) {
+  // Fused ASGD step over lists, in place. Matches torch.optim.ASGD; when
+  // found_inf != 0 nothing at all is written (not even step/eta/mu); when
+  // grad_scale is given, grads are unscaled on the fly (multiplied by the
+  // float32 reciprocal, as GradScaler.unscale_ does).
+  m.def(
+      "asgd_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] axs, "
+      "Tensor(c!)[] mus, Tensor(d!)[] etas, Tensor(e!)[] steps, *, float lr, "
+      "float lambd, float alpha, float t0, float weight_decay, bool maximize, "
+      "Tensor? grad_scale=None, Tensor? found_inf=None) -> ()");
+  // Same, with a 1-element tensor lr: the value is read on the device, so a
+  // changing lr neither syncs nor recompiles.
+  m.def(
+      "asgd_.tensor_lr(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] axs, "
+      "Tensor(c!)[] mus, Tensor(d!)[] etas, Tensor(e!)[] steps, *, Tensor lr, "
+      "float lambd, float alpha, float t0, float weight_decay, bool maximize, "
+      "Tensor? grad_scale=None, Tensor? found_inf=None) -> ()");
+  // Read-only inf/NaN check: sets found_inf to 1 if any element is not finite.
+  m.def("check_finite_(Tensor[] tensors, Tensor(a!) found_inf) -> ()");
+  // tensors *= inv_scale, and found_inf = 1 if any input element is not
+  // finite; one pass (torch's _amp_foreach_non_finite_check_and_unscale_).
+  m.def("unscale_(Tensor(a!)[] tensors, Tensor(b!) found_inf, Tensor inv_scale) -> ()");
+  // Dynamic loss-scale update on the device: torch's _amp_update_scale_ plus
+  // hysteresis and min/max clamps (math in elementwise_math.h).
+  m.def(
+      "update_scale_(Tensor(a!) scale, Tensor(b!) growth_tracker, "
+      "Tensor(c!) hysteresis_tracker, Tensor found_inf, *, float growth_factor, "
+      "float backoff_factor, int growth_interval, int hysteresis=1, "
+      "float? min_scale=None, float? max_scale=None) -> ()");
+}

@@ -1,0 +1,101 @@
+"""Builds torchext's compiled library with torch.utils.cpp_extension + ninja.
+
+CPU kernels are always built. CUDA kernels are built when the installed torch
+is a CUDA build and nvcc is found; TORCHEXT_CUDA=1 forces them on (and fails
+loudly when that is impossible), TORCHEXT_CUDA=0 forces them off.
+TORCH_CUDA_ARCH_LIST picks the GPU archs (default: 8.0;9.0+PTX).
+
+Install with:  pip install --no-build-isolation -e .
+(--no-build-isolation: the library must be built against the torch you run.)
+"""
+import glob
+import os
+import shutil
+
+from setuptools import find_packages, setup
+
+# torch.utils.cpp_extension reads CUDA_HOME when imported; its own guess on
+# these machines is /usr/local, which has no CUDA headers.
+if "CUDA_HOME" not in os.environ and os.path.exists("/usr/local/cuda/bin/nvcc"):
+    os.environ["CUDA_HOME"] = "/usr/local/cuda"
+
+import torch  # noqa: E402
+from torch.utils.cpp_extension import (  # noqa: E402
+    CUDA_HOME,
+    BuildExtension,
+    CppExtension,
+    CUDAExtension,
+)
+
+VERSION = "0.1.0"
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def want_cuda():
+    flag = os.environ.get("TORCHEXT_CUDA", "auto").strip().lower()
+    available = torch.version.cuda is not None and CUDA_HOME is not None and (
+        shutil.which("nvcc") or os.path.exists(os.path.join(CUDA_HOME, "bin", "nvcc")))
+    if flag in ("0", "off", "false", "no"):
+        return False
+    if flag in ("1", "on", "true", "yes"):
+        if not available:
+            raise RuntimeError(
+                "TORCHEXT_CUDA=1 but CUDA kernels cannot be built: torch.version.cuda="
+                f"{torch.version.cuda!r}, CUDA_HOME={CUDA_HOME!r}")
+        return True
+    return bool(available)
+
+
+def sources(*patterns):
+    return sorted(f for p in patterns for f in glob.glob(os.path.join("csrc", p)))
+
+
+def write_build_info(with_cuda, archs):
+    # Read by torchext/__init__.py to refuse a library built for another torch.
+    path = os.path.join(ROOT, "torchext", "_build_info.py")
+    with open(path, "w") as f:
+        f.write("# Written by setup.py at build time; do not edit.\n")
+        f.write(f"TORCH_VERSION = {torch.__version__!r}\n")
+        f.write(f"WITH_CUDA = {with_cuda!r}\n")
+        f.write(f"CUDA_VERSION = {torch.version.cuda if with_cuda else None!r}\n")
+        f.write(f"CUDA_ARCHS = {archs!r}\n")
+
+
+with_cuda = want_cuda()
+cxx_flags = ["-O3", "-std=c++20", "-fvisibility=hidden"]
+include_dirs = [os.path.join(ROOT, "csrc", "include")]
+cpp_sources = sources("*.cpp", "cpu/*.cpp", "meta/*.cpp", "api/*.cpp")
+if with_cuda:
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0+PTX")
+    archs = os.environ["TORCH_CUDA_ARCH_LIST"]
+    ext = CUDAExtension(
+        "torchext._C",
+        cpp_sources + sources("cuda/*.cu"),
+        include_dirs=include_dirs,
+        define_macros=[("TORCHEXT_WITH_CUDA", "1")],
+        extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "-std=c++20"]},
+        py_limited_api=True,
+    )
+else:
+    archs = None
+    ext = CppExtension(
+        "torchext._C",
+        cpp_sources,
+        include_dirs=include_dirs,
+        extra_compile_args={"cxx": cxx_flags},
+        py_limited_api=True,
+    )
+write_build_info(with_cuda, archs)
+
+setup(
+    name="torchext",
+    version=VERSION,
+    description="Fused, compile-ready ASGD optimizer and AMP GradScaler as torch custom ops",
+    packages=find_packages(include=["torchext", "torchext.*"]),
+    package_data={"torchext": ["share/cmake/torchext/*.cmake", "include/torchext/**/*.h"]},
+    ext_modules=[ext],
+    cmdclass={"build_ext": BuildExtension},
+    options={"bdist_wheel": {"py_limited_api": "cp39"}},
+    python_requires=">=3.9",
+    install_requires=["torch>=2.13"],
+)

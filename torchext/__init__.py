@@ -1,0 +1,67 @@
+"""torchext: a fused, compile-ready ASGD optimizer and AMP GradScaler,
+written once as C++/CUDA torch custom ops (``torch.ops.torchext.*``).
+
+Importing the package loads the compiled library, which registers the ops.
+"""
+import glob as _glob
+import os as _os
+
+import torch as _torch
+
+__version__ = "0.1.0"
+
+_HERE = _os.path.dirname(_os.path.abspath(__file__))
+
+
+def _find_library():
+    candidates = sorted(_glob.glob(_os.path.join(_HERE, "_C*.so")) +
+                        _glob.glob(_os.path.join(_HERE, "_C*.pyd")))
+    return candidates[0] if candidates else None
+
+
+def _load():
+    try:
+        from . import _build_info
+    except ImportError:
+        _build_info = None
+    path = _find_library()
+    if path is None or _build_info is None:
+        raise ImportError(
+            "torchext's compiled library is missing from " + _HERE + ". Build it against the "
+            "installed torch with `pip install --no-build-isolation -e .` in the torchext "
+            "source tree.")
+    if _build_info.TORCH_VERSION != _torch.__version__:
+        raise ImportError(
+            f"torchext was built against torch {_build_info.TORCH_VERSION} but torch "
+            f"{_torch.__version__} is installed. Rebuild it: `pip install --no-build-isolation "
+            "-e .` (custom ops are tied to the torch ABI they were compiled with).")
+    try:
+        _torch.ops.load_library(path)
+    except OSError as e:
+        raise ImportError(f"torchext could not load its library {path}: {e}") from e
+    return path, _build_info
+
+
+library_path, _build_info = _load()
+
+#: What the loaded library holds: CPU kernels always, CUDA kernels and their
+#: archs when it was built with them.
+build_info = {
+    "version": __version__,
+    "torch_version": _build_info.TORCH_VERSION,
+    "cpu": True,
+    "cuda": bool(_build_info.WITH_CUDA),
+    "cuda_version": _build_info.CUDA_VERSION,
+    "cuda_archs": (_build_info.CUDA_ARCHS.replace(";", " ").split()
+                   if _build_info.CUDA_ARCHS else []),
+}
+
+
+def has_cuda_kernels() -> bool:
+    """True when the loaded library has CUDA kernels (not whether a GPU exists)."""
+    return build_info["cuda"]
+
+
+from . import amp, optim  # noqa: E402,F401
+
+__all__ = ["optim", "amp", "build_info", "has_cuda_kernels", "library_path", "__version__"]
