@@ -55,3 +55,77 @@ TORCH_LIBRARY_IMPL(torchext, Meta, m) {
 }
 
 }  // namespace torchext
+
+// Sparse tensors dispatch to the Sparse* keys, where there would otherwise be
+// only the dispatcher's "Could not run ..." error. These kernels validate
+// (which names the sparse argument) and refuse anything that slips through.
+namespace torchext {
+namespace {
+
+template <auto Validate, typename... Args>
+void reject_sparse(Args... args) {
+  Validate(args...);
+  TORCH_CHECK(false, "torchext ops do not support sparse tensors");
+}
+
+}  // namespace
+
+#define TORCHEXT_REGISTER_SPARSE_REJECTS(m)                                                  \
+  m.impl("asgd_", &reject_sparse<&asgd_meta, at::TensorList, at::TensorList, at::TensorList, \
+                                 at::TensorList, at::TensorList, at::TensorList, double,     \
+                                 double, double, double, double, bool,                       \
+                                 const std::optional<at::Tensor>&,                           \
+                                 const std::optional<at::Tensor>&>);                         \
+  m.impl("asgd_.tensor_lr",                                                                  \
+         &reject_sparse<&asgd_meta_tensor_lr, at::TensorList, at::TensorList,                \
+                        at::TensorList, at::TensorList, at::TensorList, at::TensorList,      \
+                        const at::Tensor&, double, double, double, double, bool,             \
+                        const std::optional<at::Tensor>&, const std::optional<at::Tensor>&>); \
+  m.impl("check_finite_",                                                                    \
+         &reject_sparse<&check_finite_meta, at::TensorList, const at::Tensor&>);            \
+  m.impl("unscale_", &reject_sparse<&unscale_meta, at::TensorList, const at::Tensor&,        \
+                                    const at::Tensor&>);
+
+TORCH_LIBRARY_IMPL(torchext, SparseCPU, m) {
+  TORCHEXT_REGISTER_SPARSE_REJECTS(m)
+}
+TORCH_LIBRARY_IMPL(torchext, SparseCUDA, m) {
+  TORCHEXT_REGISTER_SPARSE_REJECTS(m)
+}
+
+}  // namespace torchext
+
+// CompositeExplicitAutograd kernels are what the dispatcher runs when a call
+// has no tensor at all (empty lists: a no-op, as documented) and on devices
+// with no torchext kernel (a clear error instead of "Could not run ...").
+namespace torchext {
+namespace {
+
+template <auto Validate, typename... Args>
+void no_kernel_for_device(at::TensorList tensors, Args... args) {
+  Validate(tensors, args...);
+  TORCH_CHECK(tensors.empty(), "torchext has no kernel for device ", tensors[0].device(),
+              "; its ops run on CPU and CUDA (and Meta for tracing)");
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(torchext, CompositeExplicitAutograd, m) {
+  m.impl("asgd_",
+         &no_kernel_for_device<&asgd_meta, at::TensorList, at::TensorList, at::TensorList,
+                               at::TensorList, at::TensorList, double, double, double, double,
+                               double, bool, const std::optional<at::Tensor>&,
+                               const std::optional<at::Tensor>&>);
+  m.impl("asgd_.tensor_lr",
+         &no_kernel_for_device<&asgd_meta_tensor_lr, at::TensorList, at::TensorList,
+                               at::TensorList, at::TensorList, at::TensorList,
+                               const at::Tensor&, double, double, double, double, bool,
+                               const std::optional<at::Tensor>&,
+                               const std::optional<at::Tensor>&>);
+  m.impl("check_finite_",
+         &no_kernel_for_device<&check_finite_meta, const at::Tensor&>);
+  m.impl("unscale_",
+         &no_kernel_for_device<&unscale_meta, const at::Tensor&, const at::Tensor&>);
+}
+
+}  // namespace torchext

@@ -1,0 +1,125 @@
+// torchext::amp::GradScaler: dynamic loss scaling for LibTorch, on the
+// torchext custom ops (check_finite_, unscale_, update_scale_). The rule is
+// torch.amp.GradScaler's, plus hysteresis, min/max scale and skip reporting.
+//
+//   auto scaled = scaler.scale(loss);  scaled.backward();
+//   scaler.step(optimizer);            // skips the step on overflow
+//   scaler.update();                   // grows / backs off the scale
+//
+// All the state lives in device tensors on the device of the first scaled
+// output: scale (0-d float32), growth tracker and hysteresis tracker (0-d
+// int32). Stepping a torchext::optim::ASGD is sync-free (the op unscales on
+// the fly and skips on the device); any other optimizer is unscaled in place,
+// then found_inf is read on the host and optimizer.step() runs only when the
+// gradients are finite (torch's rule for such optimizers).
+#pragma once
+
+#include <torchext/optim/asgd.h>
+
+#include <torch/arg.h>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/archive.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+namespace torchext {
+namespace amp {
+
+struct TORCHEXT_API GradScalerOptions {
+  TORCH_ARG(double, init_scale) = 65536.0;
+  TORCH_ARG(double, growth_factor) = 2.0;
+  TORCH_ARG(double, backoff_factor) = 0.5;
+  TORCH_ARG(int64_t, growth_interval) = 2000;
+  TORCH_ARG(bool, enabled) = true;
+  // Overflows tolerated in a row before the scale backs off (1: torch's rule).
+  TORCH_ARG(int64_t, hysteresis) = 1;
+  TORCH_ARG(std::optional<double>, min_scale) = std::nullopt;
+  TORCH_ARG(std::optional<double>, max_scale) = std::nullopt;
+};
+
+class TORCHEXT_API GradScaler {
+ public:
+  // Throws c10::Error on bad options.
+  explicit GradScaler(GradScalerOptions options = {});
+
+  const GradScalerOptions& options() const noexcept { return options_; }
+  bool is_enabled() const noexcept { return options_.enabled(); }
+
+  // outputs * scale (on the outputs' device). The first call creates the
+  // state on that device. Returns outputs unchanged when disabled.
+  torch::Tensor scale(const torch::Tensor& outputs);
+  std::vector<torch::Tensor> scale(const std::vector<torch::Tensor>& outputs);
+
+  // Divides the optimizer's gradients by the scale in place (multiplies by
+  // the float32 reciprocal, as torch does) and records found_inf. At most
+  // once per optimizer between update()s, and not after step().
+  void unscale_(torch::optim::Optimizer& optimizer);
+
+  // Steps the optimizer unless the gradients overflowed. Returns what
+  // optimizer.step() returned, or an undefined tensor when the step was
+  // skipped on the host or run through the fused ASGD path.
+  torch::Tensor step(torch::optim::Optimizer& optimizer);
+
+  // Updates the scale from the found_inf of every optimizer stepped (or
+  // unscaled) since the last update, on the device, and records whether this
+  // iteration was skipped.
+  void update();
+  // Sets the scale (growth tracker untouched, as torch does).
+  void update(double new_scale);
+  void update(const torch::Tensor& new_scale);  // 1-element float32
+
+  // A host number: syncs. init_scale before the first scale(), 1 if disabled.
+  double get_scale() const;
+  // The device tensor itself (undefined before the first scale()).
+  const torch::Tensor& scale_tensor() const noexcept { return scale_; }
+  torch::Tensor growth_tracker() const { return growth_tracker_; }
+  torch::Tensor hysteresis_tracker() const { return hysteresis_tracker_; }
+  int64_t get_growth_tracker() const;  // syncs
+
+  // Skip reporting, on the device: 0-d bool "the last update() saw an
+  // overflow" and 0-d int64 count of such iterations since construction
+  // (restored by load()). Undefined before the first update().
+  torch::Tensor last_step_skipped() const { return last_step_skipped_; }
+  torch::Tensor skipped_steps() const { return skipped_steps_; }
+  int64_t num_skipped_steps() const;  // syncs
+
+  // torch::save(scaler, path) / torch::load(scaler, path). Keys follow
+  // torch.amp.GradScaler.state_dict(): scale, growth_factor, backoff_factor,
+  // growth_interval, _growth_tracker; plus hysteresis state and counters.
+  // load() validates first and changes nothing when the archive is wrong.
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
+
+ private:
+  enum class Stage { kReady, kUnscaled, kStepped };
+  struct PerOptimizer {
+    Stage stage = Stage::kReady;
+    std::map<c10::Device, torch::Tensor> found_inf_per_device;
+  };
+
+  void check_scale_created(const char* where) const;
+  void ensure_state(const c10::Device& device);
+  PerOptimizer& state_for(torch::optim::Optimizer& optimizer);
+  torch::Tensor combined_found_inf(const PerOptimizer& s) const;
+
+  GradScalerOptions options_;
+  torch::Tensor scale_, growth_tracker_, hysteresis_tracker_;
+  torch::Tensor last_step_skipped_, skipped_steps_;
+  // True while the state only came from load() (or was never created): the
+  // first scale() may then move it to the outputs' device.
+  bool state_movable_ = true;
+  std::unordered_map<const torch::optim::Optimizer*, PerOptimizer> per_optimizer_;
+};
+
+TORCHEXT_API torch::serialize::OutputArchive& operator<<(
+    torch::serialize::OutputArchive& archive, const GradScaler& scaler);
+TORCHEXT_API torch::serialize::InputArchive& operator>>(
+    torch::serialize::InputArchive& archive, GradScaler& scaler);
+
+}  // namespace amp
+}  // namespace torchext

@@ -1,0 +1,337 @@
+"""The torch.optim.Optimizer API on torchext.optim.ASGD, and checkpoints that
+interchange with torch.optim.ASGD."""
+import copy
+import io
+
+import pytest
+import torch
+
+import torchext
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+from helpers import all_state, data, rel_err, small_model, train, twin
+
+ASGD = torchext.optim.ASGD
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(lr=-0.1), "Invalid learning rate"),
+    (dict(weight_decay=-1.0), "Invalid weight_decay"),
+    (dict(lambd=-1.0), "Invalid lambd"),
+    (dict(alpha=-0.1), "Invalid alpha"),
+    (dict(lr=torch.tensor([0.1, 0.2])), "Tensor lr must be 1-element"),
+])
+def test_constructor_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ASGD(small_model().parameters(), **kwargs)
+
+
+def test_fused_flag_conflicts():
+    with pytest.raises(RuntimeError, match="`fused` does not support `differentiable`"):
+        ASGD(small_model().parameters(), fused=True, differentiable=True)
+    with pytest.raises(RuntimeError, match="cannot be `True` together"):
+        ASGD(small_model().parameters(), fused=True, foreach=True)
+
+
+def test_defaults_match_torch_plus_fused():
+    ours = ASGD(small_model().parameters())
+    ref = torch.optim.ASGD(small_model().parameters())
+    assert {k: v for k, v in ours.defaults.items() if k != "fused"} == ref.defaults
+    assert ours.defaults["fused"] is None
+    assert isinstance(ours, torch.optim.Optimizer)
+
+
+@pytest.mark.parametrize("fused,foreach,capturable", [
+    (True, None, False), (False, None, False), (False, True, False), (None, None, True),
+    (False, None, True)])
+def test_every_path_matches_torch(fused, foreach, capturable):
+    model = small_model()
+    ours_model = twin(model)
+    x, y = data()
+    ref = torch.optim.ASGD(model.parameters(), lr=0.05, t0=3, weight_decay=1e-3, foreach=False)
+    ours = ASGD(ours_model.parameters(), lr=0.05, t0=3, weight_decay=1e-3, fused=fused,
+                foreach=foreach, capturable=capturable)
+    train(model, ref, x, y, 60)
+    train(ours_model, ours, x, y, 60)
+    for p1, p2 in zip(model.parameters(), ours_model.parameters()):
+        assert rel_err(p2, p1) <= 1e-6
+
+
+def test_add_param_group_and_lr_scheduler():
+    m1, m2 = small_model(), small_model()
+    ref = torch.optim.ASGD(m1[0].parameters(), lr=0.05, foreach=False)
+    ours = ASGD(m2[0].parameters(), lr=0.05)
+    x, y = data()
+    train(m1, ref, x, y, 5)
+    train(m2, ours, x, y, 5)
+    ref.add_param_group({"params": m1[2].parameters(), "lr": 0.01, "t0": 0})
+    ours.add_param_group({"params": m2[2].parameters(), "lr": 0.01, "t0": 0})
+    assert ours.param_groups[1]["fused"] is None and ours.param_groups[1]["lambd"] == 1e-4
+    s1 = torch.optim.lr_scheduler.StepLR(ref, step_size=7, gamma=0.5)
+    s2 = torch.optim.lr_scheduler.StepLR(ours, step_size=7, gamma=0.5)
+    for _ in range(30):
+        train(m1, ref, x, y, 1)
+        train(m2, ours, x, y, 1)
+        s1.step()
+        s2.step()
+    for p1, p2 in zip(m1.parameters(), m2.parameters()):
+        assert rel_err(p2, p1) <= 1e-6
+    with pytest.raises(ValueError, match="some parameters appear in more than one"):
+        ours.add_param_group({"params": m2[0].parameters()})
+
+
+def test_tensor_lr_with_scheduler_changes_lr_in_place():
+    m1, m2 = small_model(), small_model()
+    ref = torch.optim.ASGD(m1.parameters(), lr=torch.tensor(0.05), foreach=False)
+    ours = ASGD(m2.parameters(), lr=torch.tensor(0.05))
+    s1 = torch.optim.lr_scheduler.ExponentialLR(ref, gamma=0.9)
+    s2 = torch.optim.lr_scheduler.ExponentialLR(ours, gamma=0.9)
+    x, y = data()
+    for _ in range(20):
+        train(m1, ref, x, y, 1)
+        train(m2, ours, x, y, 1)
+        s1.step()
+        s2.step()
+    assert torch.is_tensor(ours.param_groups[0]["lr"])
+    for p1, p2 in zip(m1.parameters(), m2.parameters()):
+        assert rel_err(p2, p1) <= 1e-6
+
+
+def test_named_parameters_and_param_names_in_state_dict():
+    m1, m2 = small_model(), small_model()
+    ref = torch.optim.ASGD(m1.named_parameters(), lr=0.05)
+    ours = ASGD(m2.named_parameters(), lr=0.05)
+    x, y = data()
+    train(m1, ref, x, y, 3)
+    train(m2, ours, x, y, 3)
+    sd = ours.state_dict()
+    assert sd["param_groups"][0]["param_names"] == [n for n, _ in m2.named_parameters()]
+    assert sd["param_groups"][0]["param_names"] == ref.state_dict()["param_groups"][0]["param_names"]
+    # param_names survive a load into a fresh optimizer
+    fresh = ASGD(small_model().named_parameters(), lr=0.05)
+    fresh.load_state_dict(sd)
+    assert fresh.state_dict()["param_groups"][0]["param_names"] == sd["param_groups"][0]["param_names"]
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_zero_grad(set_to_none):
+    m = small_model()
+    opt = ASGD(m.parameters())
+    x, y = data()
+    torch.nn.functional.mse_loss(m(x), y).backward()
+    opt.zero_grad(set_to_none=set_to_none)
+    for p in m.parameters():
+        if set_to_none:
+            assert p.grad is None
+        else:
+            assert p.grad is not None and not p.grad.any()
+
+
+def test_step_closure_returns_loss_and_runs_with_grad():
+    m = small_model()
+    opt = ASGD(m.parameters())
+    x, y = data()
+
+    def closure():
+        assert torch.is_grad_enabled()
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(m(x), y)
+        loss.backward()
+        return loss
+
+    with torch.no_grad():
+        loss = opt.step(closure)
+    assert torch.is_tensor(loss) and loss.item() > 0
+
+
+def test_step_hooks_state_dict_hooks_and_load_hooks():
+    calls = []
+    m = small_model()
+    opt = ASGD(m.parameters())
+    h1 = opt.register_step_pre_hook(lambda o, a, k: calls.append("pre"))
+    h2 = opt.register_step_post_hook(lambda o, a, k: calls.append("post"))
+    gpre = register_optimizer_step_pre_hook(
+        lambda o, a, k: calls.append("global_pre"))
+    x, y = data()
+    train(m, opt, x, y, 1)
+    assert calls == ["global_pre", "pre", "post"]
+    h1.remove(), h2.remove(), gpre.remove()
+    train(m, opt, x, y, 1)
+    assert calls == ["global_pre", "pre", "post"]
+
+    def sd_post(o, sd):
+        sd["extra"] = 1
+        return sd
+    opt.register_state_dict_pre_hook(lambda o: calls.append("sd_pre"))
+    opt.register_state_dict_post_hook(sd_post)
+    sd = opt.state_dict()
+    assert calls[-1] == "sd_pre" and sd["extra"] == 1
+
+    def load_pre(o, sd):
+        calls.append("load_pre")
+        sd = dict(sd)
+        sd.pop("extra", None)
+        return sd
+    opt.register_load_state_dict_pre_hook(load_pre)
+    opt.register_load_state_dict_post_hook(lambda o: calls.append("load_post"))
+    opt.load_state_dict(sd)
+    assert calls[-2:] == ["load_pre", "load_post"]
+
+
+def _train_with(opt_factory, model, x, y, steps):
+    opt = opt_factory(model)
+    train(model, opt, x, y, steps)
+    return opt
+
+
+KW = dict(lr=0.05, t0=4, lambd=1e-3, weight_decay=1e-3)
+
+
+@pytest.mark.parametrize("direction", ["torch->torchext", "torchext->torch"])
+def test_checkpoints_interchange_both_ways(direction):
+    first, second = ((lambda m: torch.optim.ASGD(m.parameters(), foreach=False, **KW)),
+                     (lambda m: ASGD(m.parameters(), **KW)))
+    if direction == "torchext->torch":
+        first, second = second, first
+    x, y = data()
+    model = small_model()
+    opt = _train_with(first, model, x, y, 25)
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buf)
+    # Continue with the same class: the reference trajectory.
+    ref_model = twin(model)
+    ref_opt = first(ref_model)
+    ref_opt.load_state_dict(copy.deepcopy(opt.state_dict()))
+    train(ref_model, ref_opt, x, y, 40)
+    # Continue with the other class from the checkpoint (weights_only load).
+    buf.seek(0)
+    ckpt = torch.load(buf, weights_only=True)
+    new_model = small_model(seed=123)
+    new_model.load_state_dict(ckpt["model"])
+    new_opt = second(new_model)
+    new_opt.load_state_dict(ckpt["opt"])
+    train(new_model, new_opt, x, y, 40)
+    for p1, p2 in zip(ref_model.parameters(), new_model.parameters()):
+        assert rel_err(p2, p1) <= 1e-6
+    for (k, s1), (_, s2) in zip(all_state(ref_opt), all_state(new_opt)):
+        assert rel_err(s2, s1) <= 1e-6, k
+
+
+def test_old_checkpoint_with_float_step_loads():
+    m = small_model()
+    opt = ASGD(m.parameters(), **KW)
+    x, y = data()
+    train(m, opt, x, y, 5)
+    sd = opt.state_dict()
+    for st in sd["state"].values():  # what pre-1.12 torch saved
+        st["step"] = float(st["step"].item())
+        st["eta"] = float(st["eta"].item())
+        st["mu"] = float(st["mu"].item())
+    m2 = twin(m)
+    opt2 = ASGD(m2.parameters(), **KW)
+    opt2.load_state_dict(sd)
+    for st in opt2.state.values():
+        for key in ("step", "eta", "mu"):
+            assert torch.is_tensor(st[key]) and st[key].dtype == torch.float32
+    m3 = twin(m)
+    opt3 = ASGD(m3.parameters(), **KW)
+    opt3.load_state_dict(opt.state_dict())
+    train(m2, opt2, x, y, 10)
+    train(m3, opt3, x, y, 10)
+    for p2, p3 in zip(m2.parameters(), m3.parameters()):
+        assert torch.equal(p2, p3)
+
+
+def test_bf16_eta_mu_stay_float32_after_load():
+    m = small_model(torch.bfloat16)
+    opt = ASGD(m.parameters(), lr=0.0123, t0=0)
+    x, y = data(torch.bfloat16)
+    train(m, opt, x, y, 3)
+    sd = copy.deepcopy(opt.state_dict())
+    ref_torch = torch.optim.ASGD(twin(m).parameters(), lr=0.0123, t0=0)
+    ref_torch.load_state_dict(copy.deepcopy(sd))
+    st_torch = next(iter(ref_torch.state.values()))
+    assert st_torch["eta"].dtype == torch.bfloat16  # what torch does (and drifts)
+    opt2 = ASGD(twin(m).parameters(), lr=0.0123, t0=0)
+    opt2.load_state_dict(sd)
+    for st, st_saved in zip(opt2.state.values(), sd["state"].values()):
+        for key in ("step", "eta", "mu"):
+            assert st[key].dtype == torch.float32
+            assert torch.equal(st[key], st_saved[key])
+
+
+def test_load_state_dict_rejects_bad_input_without_mutating():
+    m = small_model()
+    opt = ASGD(m.parameters(), **KW)
+    x, y = data()
+    train(m, opt, x, y, 3)
+    before = copy.deepcopy(opt.state_dict())
+    bad = copy.deepcopy(before)
+    first = next(iter(bad["state"].values()))
+    first["ax"] = torch.zeros(3, 3)
+    with pytest.raises(ValueError, match="'ax' of parameter 0 has shape"):
+        opt.load_state_dict(bad)
+    bad = copy.deepcopy(before)
+    bad["param_groups"][0]["params"] = bad["param_groups"][0]["params"][:2]
+    with pytest.raises(ValueError, match="doesn't match the size"):
+        opt.load_state_dict(bad)
+    bad = copy.deepcopy(before)
+    next(iter(bad["state"].values()))["eta"] = torch.ones(2)
+    with pytest.raises(ValueError, match="'eta' of parameter 0 must hold one element"):
+        opt.load_state_dict(bad)
+    with pytest.raises(ValueError, match="must have a 'state' dict"):
+        opt.load_state_dict({"param_groups": before["param_groups"]})
+    after = opt.state_dict()
+    for pid, st in before["state"].items():
+        for key, v in st.items():
+            assert torch.equal(after["state"][pid][key], v)
+
+
+def test_sparse_grad_is_rejected_before_anything_changes():
+    emb = torch.nn.Embedding(10, 3, sparse=True)
+    opt = ASGD(emb.parameters())
+    emb(torch.tensor([1, 2])).sum().backward()
+    w = emb.weight.detach().clone()
+    with pytest.raises(RuntimeError, match="does not support sparse gradients"):
+        opt.step()
+    assert torch.equal(emb.weight, w)
+
+
+def test_differentiable_matches_torch_and_flows_gradients():
+    """Gradient of a function of the updated params w.r.t. a hyper-input,
+    through one step, against torch's differentiable ASGD."""
+    results = []
+    for cls in (torch.optim.ASGD, ASGD):
+        torch.manual_seed(0)
+        p0 = torch.randn(5, dtype=torch.float64, requires_grad=True)
+        g = torch.randn(5, dtype=torch.float64, requires_grad=True)
+        p = p0.clone()  # non-leaf, as torch's differentiable tests use
+        opt = cls([p], lr=0.1, t0=0, differentiable=True,
+                  **({"foreach": False} if cls is torch.optim.ASGD else {}))
+        p.grad = g
+        opt.step()
+        out = (p ** 2).sum() + opt.state[p]["ax"].sum()
+        results.append(torch.autograd.grad(out, (p0, g)))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b)
+
+
+def test_fused_none_picks_reference_path_on_meta_free_devices():
+    # Meta params take the fused op (its Meta kernel) and stay on meta.
+    p = torch.nn.Parameter(torch.empty(4, device="meta"))
+    opt = ASGD([p])
+    p.grad = torch.empty(4, device="meta")
+    opt.step()
+    assert opt.state[p]["ax"].is_meta
+
+
+def test_pickle_and_deepcopy():
+    m = small_model()
+    opt = ASGD(m.parameters(), **KW)
+    x, y = data()
+    train(m, opt, x, y, 2)
+    clone = copy.deepcopy(opt)
+    assert clone.state_dict()["param_groups"] == opt.state_dict()["param_groups"]
+    buf = io.BytesIO()
+    torch.save(opt.state_dict(), buf)
+    buf.seek(0)
+    assert torch.load(buf, weights_only=True)["param_groups"][0]["t0"] == 4

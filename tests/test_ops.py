@@ -1,0 +1,343 @@
+"""The op contract: schemas, opcheck, Meta kernels, grad_scale/found_inf
+semantics and bad input (clear errors, nothing mutated)."""
+import copy
+
+import expecttest
+import pytest
+import torch
+
+import torchext  # noqa: F401
+from torch.optim.asgd import asgd as torch_asgd  # torch's functional ASGD
+from conftest import requires_cuda
+
+ops = torch.ops.torchext
+
+
+def asgd_inputs(n=3, dtype=torch.float32, device="cpu", seed=0, sizes=(5, 70, 1)):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(sizes[i % len(sizes)], 3) for i in range(n)]
+
+    def rnd(s):
+        return torch.randn(s, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
+
+    params = [rnd(s) for s in shapes]
+    grads = [rnd(s) for s in shapes]
+    axs = [rnd(s) for s in shapes]
+    mus = [torch.tensor(0.5 if i % 2 else 1.0, device=device) for i in range(n)]
+    etas = [torch.tensor(0.01 * (i + 1), device=device) for i in range(n)]
+    steps = [torch.tensor(float(i), device=device) for i in range(n)]
+    return [params, grads, axs, mus, etas, steps]
+
+
+KW = dict(lr=0.01, lambd=1e-4, alpha=0.75, t0=2.0, weight_decay=0.01, maximize=False)
+
+
+def snapshot(args):
+    return [[t.clone() for t in lst] for lst in args]
+
+
+def assert_unchanged(args, snap):
+    for lst, old in zip(args, snap):
+        for t, o in zip(lst, old):
+            if t.is_meta:
+                continue
+            if t.is_sparse:
+                t, o = t.to_dense(), o.to_dense()
+            assert torch.equal(t, o) or (t.isnan().any() and torch.equal(t.isnan(), o.isnan()))
+
+
+class TestSchemas(expecttest.TestCase):
+    """Any change to the contract shows up here in review."""
+
+    def test_schemas(self):
+        self.assertExpectedInline(str(ops.asgd_.default._schema), """\
+torchext::asgd_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] axs, Tensor(c!)[] mus, Tensor(d!)[] etas, Tensor(e!)[] steps, *, float lr, float lambd, float alpha, float t0, float weight_decay, bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None) -> ()""")
+        self.assertExpectedInline(str(ops.asgd_.tensor_lr._schema), """\
+torchext::asgd_.tensor_lr(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] axs, Tensor(c!)[] mus, Tensor(d!)[] etas, Tensor(e!)[] steps, *, Tensor lr, float lambd, float alpha, float t0, float weight_decay, bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None) -> ()""")
+        self.assertExpectedInline(str(ops.check_finite_.default._schema), """\
+torchext::check_finite_(Tensor[] tensors, Tensor(a!) found_inf) -> ()""")
+        self.assertExpectedInline(str(ops.unscale_.default._schema), """\
+torchext::unscale_(Tensor(a!)[] tensors, Tensor(b!) found_inf, Tensor inv_scale) -> ()""")
+        self.assertExpectedInline(str(ops.update_scale_.default._schema), """\
+torchext::update_scale_(Tensor(a!) scale, Tensor(b!) growth_tracker, Tensor(c!) hysteresis_tracker, Tensor found_inf, *, float growth_factor, float backoff_factor, int growth_interval, int hysteresis=1, float? min_scale=None, float? max_scale=None) -> ()""")
+
+    def _msg(self, fn):
+        with self.assertRaises(Exception) as ctx:
+            fn()
+        return f"{type(ctx.exception).__name__}: {str(ctx.exception).splitlines()[0]}"
+
+    def test_error_messages(self):
+        a = asgd_inputs()
+        self.assertExpectedInline(self._msg(lambda: ops.asgd_(a[0], a[1][:2], *a[2:], **KW)), """\
+ValueError: asgd_: params, grads, axs, mus, etas and steps must have the same length, got 3, 2, 3, 3, 3 and 3""")
+        bad = [a[1][0], a[1][1].double(), a[1][2]]
+        self.assertExpectedInline(self._msg(lambda: ops.asgd_(a[0], bad, *a[2:], **KW)), """\
+TypeError: asgd_: grads[1] has dtype Double but params[1] has dtype Float""")
+        bad = [a[1][0], a[1][1][:3], a[1][2]]
+        self.assertExpectedInline(self._msg(lambda: ops.asgd_(a[0], bad, *a[2:], **KW)), """\
+ValueError: asgd_: grads[1] has shape [3, 3] but params[1] has shape [70, 3]""")
+        bad = [a[1][0], a[1][1].to_sparse(), a[1][2]]
+        self.assertExpectedInline(self._msg(lambda: ops.asgd_(a[0], bad, *a[2:], **KW)), """\
+RuntimeError: asgd_: ASGD does not support sparse gradients (grads[1] is sparse)""")
+        bad = [a[1][0], a[1][1].to("meta"), a[1][2]]
+        self.assertExpectedInline(self._msg(lambda: ops.asgd_(a[0], bad, *a[2:], **KW)), """\
+RuntimeError: asgd_: grads[1] is on meta but params[1] is on cpu""")
+        self.assertExpectedInline(self._msg(lambda: ops.asgd_(*a, **{**KW, "lr": -1.0})), """\
+ValueError: asgd_: invalid learning rate: -1 (must be >= 0)""")
+        self.assertExpectedInline(
+            self._msg(lambda: ops.asgd_.tensor_lr(*a, **{**KW, "lr": torch.ones(2)})), """\
+ValueError: asgd_: a tensor lr must hold exactly one element, got shape [2]""")
+        self.assertExpectedInline(
+            self._msg(lambda: ops.update_scale_(
+                torch.ones(()), torch.zeros((), dtype=torch.int32),
+                torch.ones((), dtype=torch.int32), torch.zeros(()), growth_factor=2.0,
+                backoff_factor=2.0, growth_interval=10)), """\
+ValueError: update_scale_: backoff_factor must be in (0, 1), got 2""")
+        self.assertExpectedInline(
+            self._msg(lambda: ops.unscale_([torch.ones(3)], torch.zeros(()), torch.ones(2))), """\
+ValueError: unscale_: inv_scale must hold exactly one element, got shape [2]""")
+
+
+def opcheck_samples(device):
+    samples = []
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.complex64):
+        a = asgd_inputs(dtype=dtype, device=device)
+        samples.append((ops.asgd_.default, a, dict(KW)))
+        a = asgd_inputs(dtype=dtype, device=device)
+        scale = torch.tensor(4.0, device=device)
+        samples.append((ops.asgd_.default, a, dict(KW, maximize=True, grad_scale=scale,
+                                                   found_inf=torch.zeros((), device=device))))
+        a = asgd_inputs(dtype=dtype, device=device)
+        samples.append((ops.asgd_.tensor_lr, a,
+                        dict(KW, lr=torch.tensor(0.02, device=device))))
+    grads = asgd_inputs(device=device)[1] + [torch.tensor([1.0, float("inf")], device=device)]
+    samples.append((ops.check_finite_.default, [grads, torch.zeros((), device=device)], {}))
+    samples.append((ops.unscale_.default,
+                    [asgd_inputs(device=device)[1], torch.zeros((), device=device),
+                     torch.tensor(0.25, device=device)], {}))
+    for found in (0.0, 1.0):
+        samples.append((ops.update_scale_.default,
+                        [torch.tensor(1024.0, device=device),
+                         torch.tensor(1, dtype=torch.int32, device=device),
+                         torch.tensor(1, dtype=torch.int32, device=device),
+                         torch.tensor(found, device=device)],
+                        dict(growth_factor=2.0, backoff_factor=0.5, growth_interval=2)))
+    return samples
+
+
+ALL_OPCHECK_TESTS = ("test_schema", "test_autograd_registration", "test_faketensor",
+                     "test_aot_dispatch_dynamic")
+
+
+@pytest.mark.parametrize("idx", range(len(opcheck_samples("cpu"))))
+def test_opcheck_cpu(idx):
+    op, args, kwargs = opcheck_samples("cpu")[idx]
+    torch.library.opcheck(op, args, kwargs, test_utils=ALL_OPCHECK_TESTS)
+
+
+@requires_cuda
+@pytest.mark.parametrize("idx", range(len(opcheck_samples("cpu"))))
+def test_opcheck_cuda(idx):
+    op, args, kwargs = opcheck_samples("cuda")[idx]
+    torch.library.opcheck(op, args, kwargs, test_utils=ALL_OPCHECK_TESTS)
+
+
+def test_every_op_has_cpu_meta_and_cuda_kernels():
+    for name in ("asgd_", "asgd_.tensor_lr", "check_finite_", "unscale_", "update_scale_"):
+        dump = torch._C._dispatch_dump(f"torchext::{name}")
+        assert "\nCPU: registered" in dump and "\nMeta: registered" in dump, dump
+        if torchext.has_cuda_kernels():
+            assert "\nCUDA: registered" in dump, dump
+
+
+def test_meta_kernels_validate_like_cpu():
+    """opcheck cannot notice a missing Meta kernel for ops returning (): call
+    the Meta kernels directly, with good and bad input."""
+    a = asgd_inputs(device="meta")
+    ops.asgd_(*a, **KW)  # runs, touches nothing
+    ops.asgd_.tensor_lr(*a, **{**KW, "lr": torch.tensor(0.1, device="meta")})
+    with pytest.raises(TypeError, match=r"grads\[1\] has dtype Double"):
+        ops.asgd_(a[0], [a[1][0], a[1][1].double(), a[1][2]], *a[2:], **KW)
+    with pytest.raises(ValueError, match="same length"):
+        ops.asgd_(a[0][:1], *a[1:], **KW)
+    ops.check_finite_(a[1], torch.zeros((), device="meta"))
+    with pytest.raises(TypeError, match="found_inf must be a float32"):
+        ops.check_finite_(a[1], torch.zeros((), device="meta", dtype=torch.int32))
+
+
+def test_asgd_under_fake_tensor_mode():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        a = asgd_inputs()
+        ops.asgd_(*a, **KW)
+
+
+def _reference_step(a, kw, grad_scale=None):
+    """torch.optim.ASGD for-loop update on copies of the lists (float64 math
+    for the schedule, like torch)."""
+    params, grads, axs, mus, etas, steps = [[t.clone() for t in lst] for lst in a]
+    if grad_scale is not None:
+        inv = torch.tensor(1.0 / grad_scale, dtype=torch.float32)
+        grads = [g * inv for g in grads]
+    torch_asgd(params, grads, axs, mus, etas, steps, foreach=False, maximize=kw["maximize"],
+               lambd=kw["lambd"], lr=kw["lr"], t0=kw["t0"], alpha=kw["alpha"],
+               weight_decay=kw["weight_decay"])
+    return [params, grads, axs, mus, etas, steps]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_op_matches_torch_single_step_with_mu_one_and_averaging(dtype):
+    a = asgd_inputs(dtype=dtype)
+    ref = _reference_step(a, KW)
+    ops.asgd_(*a, **KW)
+    for i in (0, 2, 3, 4, 5):
+        for t, r in zip(a[i], ref[i]):
+            torch.testing.assert_close(t, r, rtol=1e-6, atol=0)
+
+
+def test_found_inf_leaves_every_tensor_bit_identical():
+    a = asgd_inputs(n=5, sizes=(100000, 3, 0))
+    snap = snapshot(a)
+    ops.asgd_(*a, **KW, grad_scale=torch.tensor(8.0), found_inf=torch.tensor(1.0))
+    assert_unchanged(a, snap)
+    ops.asgd_.tensor_lr(*a, **{**KW, "lr": torch.tensor(0.1)}, found_inf=torch.tensor(1.0))
+    assert_unchanged(a, snap)
+    # found_inf == 0 steps as if it were not given
+    b = copy.deepcopy(snap)
+    ops.asgd_(*a, **KW, found_inf=torch.tensor(0.0))
+    ops.asgd_(*b, **KW)
+    for la, lb in zip(a, b):
+        for x, y in zip(la, lb):
+            assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16,
+                                   torch.float16, torch.complex64])
+def test_grad_scale_unscales_on_the_fly(dtype):
+    """Scaled grads + grad_scale give the bits of unscaled grads (power-of-two
+    scale), and match torch's unscale_-then-step for a non-power-of-two."""
+    for scale in (1024.0, 3.0):
+        a = asgd_inputs(dtype=dtype)
+        b = snapshot(a)
+        scaled = [g * scale for g in a[1]] if scale == 1024.0 else a[1]
+        ops.asgd_(a[0], scaled, *a[2:], **KW, grad_scale=torch.tensor(scale))
+        if scale == 1024.0:
+            ops.asgd_(*b, **KW)
+            for x, y in zip(a[0] + a[2], b[0] + b[2]):
+                assert torch.equal(x, y)
+        elif dtype in (torch.float32, torch.float64):
+            ref = _reference_step(b, KW, grad_scale=scale)
+            for x, y in zip(a[0] + a[2], ref[0] + ref[2]):
+                torch.testing.assert_close(x, y, rtol=1e-6, atol=0)
+
+
+def test_empty_list_is_noop():
+    ops.asgd_([], [], [], [], [], [], **KW)
+    ops.asgd_.tensor_lr([], [], [], [], [], [], **{**KW, "lr": torch.tensor(0.1)})
+    ops.check_finite_([], torch.zeros(()))
+    ops.unscale_([], torch.zeros(()), torch.ones(()))
+
+
+def test_mixed_dtypes_in_one_call():
+    a32 = asgd_inputs(dtype=torch.float32)
+    a64 = asgd_inputs(dtype=torch.float64, seed=1)
+    mixed = [x + y for x, y in zip(a32, a64)]
+    ref32, ref64 = _reference_step(a32, KW), _reference_step(a64, KW)
+    ops.asgd_(*mixed, **KW)
+    for t, r in zip(mixed[0], ref32[0] + ref64[0]):
+        torch.testing.assert_close(t, r, rtol=1e-6, atol=0)
+
+
+def _bad_asgd_cases():
+    def mk():
+        return asgd_inputs()
+
+    cases = {}
+    a = mk(); a[1] = a[1][:2]; cases["length"] = (a, KW, ValueError, "same length")
+    a = mk(); a[1][1] = a[1][1][:2]; cases["shape"] = (a, KW, ValueError, r"grads\[1\] has shape")
+    a = mk(); a[2][2] = torch.zeros(2, 3); cases["ax shape"] = (a, KW, ValueError, r"axs\[2\] has shape")
+    a = mk(); a[1][0] = a[1][0].half(); cases["dtype"] = (a, KW, TypeError, r"grads\[0\] has dtype Half")
+    a = mk(); a[0][1] = a[0][1].int(); a[1][1] = a[1][1].int(); a[2][1] = a[2][1].int()
+    cases["int params"] = (a, KW, TypeError, "unsupported dtype")
+    a = mk(); a[1][2] = a[1][2].to_sparse(); cases["sparse"] = (a, KW, RuntimeError, "sparse")
+    a = mk(); a[4][1] = torch.tensor([0.1, 0.2]); cases["eta shape"] = (a, KW, ValueError, "one element")
+    a = mk(); a[5][0] = torch.tensor(1, dtype=torch.int64); cases["step dtype"] = (a, KW, TypeError, "float32 or float64")
+    a = mk(); a[1][1] = a[1][1].to("meta"); cases["device"] = (a, KW, RuntimeError, "is on meta")
+    a = mk(); a[2][0] = a[0][0]; cases["alias"] = (a, KW, RuntimeError, "must not share memory")
+    for name, val in (("lr", -0.1), ("lambd", -1.0), ("alpha", -0.5), ("weight_decay", -1e-3)):
+        cases[f"negative {name}"] = (mk(), {**KW, name: val}, ValueError, f"invalid {name.replace('lr', 'learning rate')}")
+    cases["grad_scale shape"] = (mk(), {**KW, "grad_scale": torch.ones(2)}, ValueError, "grad_scale must hold")
+    cases["grad_scale dtype"] = (mk(), {**KW, "grad_scale": torch.ones((), dtype=torch.float64)}, TypeError, "grad_scale must be a float32")
+    cases["found_inf dtype"] = (mk(), {**KW, "found_inf": torch.zeros((), dtype=torch.int32)}, TypeError, "found_inf must be a float32")
+    return cases
+
+
+@pytest.mark.parametrize("name", list(_bad_asgd_cases()))
+def test_bad_input_raises_and_mutates_nothing(name):
+    a, kw, exc, match = _bad_asgd_cases()[name]
+    snap = snapshot(a)
+    with pytest.raises(exc, match=match):
+        ops.asgd_(*a, **kw)
+    assert_unchanged(a, snap)
+
+
+@pytest.mark.parametrize("lr", [torch.ones(2), torch.tensor(-1.0), torch.tensor(1, dtype=torch.int64)])
+def test_bad_tensor_lr(lr):
+    a = asgd_inputs()
+    snap = snapshot(a)
+    with pytest.raises((ValueError, TypeError), match="lr|learning rate"):
+        ops.asgd_.tensor_lr(*a, **{**KW, "lr": lr})
+    assert_unchanged(a, snap)
+
+
+# --------------------------------------------------------------- AMP ops
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_check_finite_is_read_only(dtype):
+    grads = [torch.randn(70000).to(dtype), torch.randn(3, 5).to(dtype).t(), torch.randn(0).to(dtype)]
+    before = [g.clone() for g in grads]
+    found = torch.zeros(())
+    ops.check_finite_(grads, found)
+    assert found.item() == 0.0
+    for bad in (float("inf"), float("-inf"), float("nan")):
+        for pos in (0, 65536, 69999):
+            g2 = [g.clone() for g in grads]
+            g2[0][pos] = bad
+            found = torch.zeros(())
+            ops.check_finite_(g2, found)
+            assert found.item() == 1.0, (bad, pos)
+    for g, b in zip(grads, before):
+        assert torch.equal(g, b)
+    # OR-ed: a set flag stays set
+    found = torch.ones(())
+    ops.check_finite_(grads, found)
+    assert found.item() == 1.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_unscale_matches_torch(dtype):
+    torch.manual_seed(0)
+    grads = [torch.randn(70001).to(dtype), torch.randn(4, 6).to(dtype).t(), torch.randn(7).to(dtype)]
+    grads[2][3] = float("nan")
+    ref = [g.clone() for g in grads]
+    inv = torch.tensor(1.0 / 3.0)
+    found, ref_found = torch.zeros(()), torch.zeros(())
+    ops.unscale_(grads, found, inv)
+    torch._amp_foreach_non_finite_check_and_unscale_(ref, ref_found, inv)
+    assert found.item() == ref_found.item() == 1.0
+    for g, r in zip(grads, ref):
+        assert torch.equal(g.isnan(), r.isnan())
+        torch.testing.assert_close(g, r, rtol=0, atol=0, equal_nan=True)
+
+
+def test_update_scale_matches_torch_rule():
+    g = torch.Generator().manual_seed(0)
+    found_seq = (torch.rand(300, generator=g) < 0.1).float()
+    s, t = torch.tensor(2.0 ** 16), torch.tensor(0, dtype=torch.int32)
+    rs, rt = s.clone(), t.clone()
+    h = torch.tensor(1, dtype=torch.int32)
+    for f in found_seq:
+        ops.update_scale_(s, t, h, f.clone(), growth_factor=2.0, backoff_factor=0.5,
+                          growth_interval=7)
+        torch._amp_update_scale_(rs, rt, f.clone(), 2.0, 0.5, 7)
+        assert s.item() == rs.item() and t.item() == rt.item()
