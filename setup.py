@@ -4,6 +4,7 @@ CPU kernels are always built. CUDA kernels are built when the installed torch
 is a CUDA build and nvcc is found; TORCHEXT_CUDA=1 forces them on (and fails
 loudly when that is impossible), TORCHEXT_CUDA=0 forces them off.
 TORCH_CUDA_ARCH_LIST picks the GPU archs (default: 8.0;9.0+PTX).
+TORCHEXT_CPP_API=0 builds the ops without the C++ API classes.
 
 Install with:  pip install --no-build-isolation -e .
 (--no-build-isolation: the library must be built against the torch you run.)
@@ -62,9 +63,18 @@ def write_build_info(with_cuda, archs):
 
 
 with_cuda = want_cuda()
-cxx_flags = ["-O3", "-std=c++20", "-fvisibility=hidden"]
+# -fopenmp: at::parallel_for is a header template that only runs in parallel
+# when the calling file is compiled with OpenMP (torch's own libgomp serves it:
+# it is already loaded, under the same soname, when torch is imported).
+cxx_flags = ["-O3", "-std=c++20", "-fvisibility=hidden", "-fopenmp"]
+link_flags = ["-fopenmp"]
 include_dirs = [os.path.join(ROOT, "csrc", "include")]
-cpp_sources = sources("*.cpp", "cpu/*.cpp", "meta/*.cpp", "api/*.cpp")
+cpp_sources = sources("*.cpp", "cpu/*.cpp", "meta/*.cpp")
+# The LibTorch C++ API (torchext::optim::ASGD, torchext::amp::GradScaler) is
+# compiled into the same library so C++ code can link the pip-installed one;
+# TORCHEXT_CPP_API=0 leaves it out (ops only).
+if os.environ.get("TORCHEXT_CPP_API", "1") != "0":
+    cpp_sources += sources("api/*.cpp")
 if with_cuda:
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0+PTX")
     archs = os.environ["TORCH_CUDA_ARCH_LIST"]
@@ -74,6 +84,7 @@ if with_cuda:
         include_dirs=include_dirs,
         define_macros=[("TORCHEXT_WITH_CUDA", "1")],
         extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "-std=c++20"]},
+        extra_link_args=link_flags,
         py_limited_api=True,
     )
 else:
@@ -83,6 +94,7 @@ else:
         cpp_sources,
         include_dirs=include_dirs,
         extra_compile_args={"cxx": cxx_flags},
+        extra_link_args=link_flags,
         py_limited_api=True,
     )
 write_build_info(with_cuda, archs)

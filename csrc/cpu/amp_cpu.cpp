@@ -3,99 +3,42 @@
 // under at::parallel_for, like the ASGD kernel.
 #include "../asgd_args.h"
 #include "../dense_views.h"
-#include "cpu_vec.h"
+#include "chunks.h"
+#include "isa_kernels.h"
 #include "torchext/elementwise_math.h"
 
-#include <ATen/Dispatch.h>
-#include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <atomic>
 #include <vector>
 
 namespace torchext {
 namespace {
 
-constexpr int64_t kChunk = 1 << 16;
-
-// x * 0 is 0 for finite x and NaN for inf/NaN, so a running sum of x * 0
-// is NaN exactly when some element is not finite: no branch per element.
-template <typename V>
-inline V poison(const V& acc, const V& x) {
-  return acc + x * V(0);
-}
-
-// Returns true if some element of [x, x + n) is not finite; multiplies the
-// span by inv_scale in place when `scale` is set (one read, one write).
-template <typename scalar_t>
-bool scan_span(scalar_t* x, int64_t n, bool scale, float inv_scale) {
-  using opmath_t = at::opmath_type<scalar_t>;
-  using Vec = Vectorized<opmath_t>;
-  const Vec vinv(static_cast<opmath_t>(inv_scale));
-  Vec acc(0);
-  opmath_t tail = 0;
-  int64_t i = 0;
-  if constexpr (std::is_same_v<opmath_t, scalar_t>) {
-    for (; i + Vec::size() <= n; i += Vec::size()) {
-      Vec v = Vec::loadu(x + i);
-      acc = poison(acc, v);
-      if (scale) (v * vinv).store(x + i);
-    }
-  } else {
-    using RVec = Vectorized<scalar_t>;
-    for (; i + RVec::size() <= n; i += RVec::size()) {
-      auto [v0, v1] = at::vec::convert_to_float<scalar_t>(RVec::loadu(x + i));
-      acc = poison(poison(acc, v0), v1);
-      if (scale) at::vec::convert_from_float<scalar_t>(v0 * vinv, v1 * vinv).store(x + i);
-    }
-  }
-  for (; i < n; ++i) {
-    const opmath_t v = static_cast<opmath_t>(x[i]);
-    tail = tail + v * opmath_t(0);
-    if (scale) x[i] = static_cast<scalar_t>(v * static_cast<opmath_t>(inv_scale));
-  }
-  bool bad = math::non_finite(tail);
-  opmath_t lanes[Vec::size()];
-  acc.store(lanes);
-  for (int64_t k = 0; k < Vec::size(); ++k) bad = bad || math::non_finite(lanes[k]);
-  return bad;
-}
-
 // Runs scan_span over every tensor, chunked and in parallel; returns whether
 // any element was not finite.
 bool scan_tensors(at::TensorList tensors, bool scale, float inv_scale) {
   std::vector<DenseOne> dense;
   dense.reserve(tensors.size());
-  struct Chunk {
-    size_t tensor;
-    int64_t begin, end;
-  };
-  std::vector<Chunk> chunks;
-  int64_t total = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    dense.push_back(make_dense_one(tensors[i]));
-    const int64_t numel = dense.back().t.numel();
-    total += numel;
-    for (int64_t b = 0; b < numel; b += kChunk) {
-      chunks.push_back({i, b, std::min(numel, b + kChunk)});
-    }
+  std::vector<int64_t> numels;
+  std::vector<char*> ptrs;  // taken on the calling thread, not in the workers
+  numels.reserve(tensors.size());
+  ptrs.reserve(tensors.size());
+  for (const auto& t : tensors) {
+    dense.push_back(make_dense_one(t));
+    const at::Tensor& d = dense.back().t;
+    numels.push_back(d.numel());
+    // Read-only callers (scale == false) never write through this pointer.
+    ptrs.push_back(static_cast<char*>(scale ? d.data_ptr() : const_cast<void*>(d.const_data_ptr())));
   }
   std::atomic<bool> found{false};
-  const int64_t nchunks = static_cast<int64_t>(chunks.size());
-  const int64_t grain = total < 4 * kChunk ? std::max<int64_t>(nchunks, 1) : 1;
-  at::parallel_for(0, nchunks, grain, [&](int64_t begin, int64_t end) {
-    bool local = false;
-    for (int64_t c = begin; c < end; ++c) {
-      const Chunk& ch = chunks[c];
-      const at::Tensor& t = dense[ch.tensor].t;
-      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, t.scalar_type(), "scan_cpu", [&] {
-        // Read-only callers never write: the const_cast is only taken when scale.
-        scalar_t* x = const_cast<scalar_t*>(t.const_data_ptr<scalar_t>()) + ch.begin;
-        local = scan_span(x, ch.end - ch.begin, scale, inv_scale) || local;
-      });
+  const auto& isa = cpu::kernels();
+  cpu::for_each_chunk(numels, [&](const cpu::Chunk& ch) {
+    const at::ScalarType dtype = dense[ch.tensor].t.scalar_type();
+    char* x = ptrs[ch.tensor] + ch.begin * static_cast<int64_t>(c10::elementSize(dtype));
+    if (isa.scan_span(dtype, x, ch.end - ch.begin, scale, inv_scale)) {
+      found.store(true, std::memory_order_relaxed);
     }
-    if (local) found.store(true, std::memory_order_relaxed);
   });
   if (scale) {
     for (auto& d : dense) d.write_back();

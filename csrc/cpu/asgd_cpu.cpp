@@ -1,86 +1,19 @@
-// CPU kernel of torchext::asgd_: one call covers the whole list. The work is
-// cut into chunks of at most kChunk elements across all tensors, and
-// at::parallel_for spreads the chunks over threads; each chunk runs the
-// shared per-element math (elementwise_math.h) on at::vec::Vectorized.
+// CPU kernel of torchext::asgd_: one call covers the whole list, in chunks
+// spread over threads (chunks.h); each chunk runs the
+// shared per-element math (elementwise_math.h) in the per-ISA loops of
+// isa_kernels_impl.h.
 #include "../asgd_args.h"
 #include "../dense_views.h"
-#include "cpu_vec.h"
+#include "chunks.h"
+#include "isa_kernels.h"
 #include "torchext/elementwise_math.h"
 
-#include <ATen/Dispatch.h>
-#include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <vector>
 
 namespace torchext {
 namespace {
-
-template <typename T>
-math::ASGDCoeffs<Vectorized<T>> broadcast(const math::ASGDCoeffs<T>& c) {
-  return {Vectorized<T>(c.inv_scale), Vectorized<T>(c.weight_decay), Vectorized<T>(c.decay),
-          Vectorized<T>(c.step_size), Vectorized<T>(c.mu), c.unscale, c.has_weight_decay,
-          c.average};
-}
-
-// float / double: compute in the parameter's own type.
-template <typename scalar_t>
-void asgd_span(scalar_t* p, scalar_t* ax, const scalar_t* g, int64_t n,
-               const math::ASGDCoeffs<scalar_t>& c) {
-  using Vec = Vectorized<scalar_t>;
-  const auto cv = broadcast(c);
-  int64_t i = 0;
-  for (; i + Vec::size() <= n; i += Vec::size()) {
-    Vec vp = Vec::loadu(p + i);
-    Vec vax = Vec::loadu(ax + i);
-    math::asgd_update(vp, vax, Vec::loadu(g + i), cv);
-    vp.store(p + i);
-    vax.store(ax + i);
-  }
-  for (; i < n; ++i) {
-    scalar_t sp = p[i], sax = ax[i];
-    math::asgd_update(sp, sax, g[i], c);
-    p[i] = sp;
-    ax[i] = sax;
-  }
-}
-
-// float16 / bfloat16: load, compute in float32, round once on store.
-template <typename scalar_t>
-void asgd_span_reduced(scalar_t* p, scalar_t* ax, const scalar_t* g, int64_t n,
-                       const math::ASGDCoeffs<float>& c) {
-  using Vec = Vectorized<scalar_t>;
-  const auto cv = broadcast(c);
-  int64_t i = 0;
-  for (; i + Vec::size() <= n; i += Vec::size()) {
-    auto [p0, p1] = at::vec::convert_to_float<scalar_t>(Vec::loadu(p + i));
-    auto [a0, a1] = at::vec::convert_to_float<scalar_t>(Vec::loadu(ax + i));
-    auto [g0, g1] = at::vec::convert_to_float<scalar_t>(Vec::loadu(g + i));
-    math::asgd_update(p0, a0, g0, cv);
-    math::asgd_update(p1, a1, g1, cv);
-    at::vec::convert_from_float<scalar_t>(p0, p1).store(p + i);
-    at::vec::convert_from_float<scalar_t>(a0, a1).store(ax + i);
-  }
-  for (; i < n; ++i) {
-    float sp = static_cast<float>(p[i]), sax = static_cast<float>(ax[i]);
-    math::asgd_update(sp, sax, static_cast<float>(g[i]), c);
-    p[i] = static_cast<scalar_t>(sp);
-    ax[i] = static_cast<scalar_t>(sax);
-  }
-}
-
-// Picks the span routine for the dtype (a template, so `if constexpr`
-// discards the other branch).
-template <typename scalar_t>
-void asgd_span_any(scalar_t* p, scalar_t* ax, const scalar_t* g, int64_t n,
-                   const math::ASGDCoeffs<at::opmath_type<scalar_t>>& c) {
-  if constexpr (std::is_same_v<at::opmath_type<scalar_t>, scalar_t>) {
-    asgd_span(p, ax, g, n, c);
-  } else {
-    asgd_span_reduced(p, ax, g, n, c);
-  }
-}
 
 void asgd_cpu_impl(const ASGDArgs& a) {
   check_asgd_args(a);
@@ -104,42 +37,25 @@ void asgd_cpu_impl(const ASGDArgs& a) {
     mus[i] = read_cpu_scalar(a.mus[i]);
   }
 
-  // Chunks spanning all tensors: a big tensor gives many, small ones one each.
-  constexpr int64_t kChunk = 1 << 16;
-  struct Chunk {
-    size_t tensor;
-    int64_t begin, end;
-  };
-  std::vector<Chunk> chunks;
-  chunks.reserve(n);
-  int64_t total = 0;
+  // Raw pointers are taken here, on the calling thread, not in the workers.
+  std::vector<cpu::ASGDSpan> spans(n);
+  std::vector<int64_t> numels(n);
   for (size_t i = 0; i < n; ++i) {
-    const int64_t numel = dense[i].p.numel();
-    total += numel;
-    for (int64_t b = 0; b < numel; b += kChunk) {
-      chunks.push_back({i, b, std::min(numel, b + kChunk)});
-    }
+    DenseTriple& d = dense[i];
+    spans[i] = {d.p.scalar_type(), d.p.data_ptr(), d.ax.data_ptr(), d.g.const_data_ptr(),
+                d.p.numel(), etas[i], mus[i], a.lambd, a.weight_decay, a.maximize, unscale,
+                inv_scale};
+    numels[i] = d.p.numel();
   }
-
-  auto run_chunk = [&](const Chunk& ch) {
-    DenseTriple& d = dense[ch.tensor];
-    const int64_t len = ch.end - ch.begin;
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, d.p.scalar_type(), "asgd_cpu", [&] {
-      scalar_t* p = d.p.mutable_data_ptr<scalar_t>() + ch.begin;
-      scalar_t* ax = d.ax.mutable_data_ptr<scalar_t>() + ch.begin;
-      const scalar_t* g = d.g.const_data_ptr<scalar_t>() + ch.begin;
-      using opmath_t = at::opmath_type<scalar_t>;
-      const auto c = math::make_asgd_coeffs<opmath_t>(etas[ch.tensor], mus[ch.tensor], a.lambd,
-                                                      a.weight_decay, a.maximize, unscale,
-                                                      inv_scale);
-      asgd_span_any(p, ax, g, len, c);
-    });
-  };
-  // Small steps run on the calling thread: waking workers costs more.
-  const int64_t nchunks = static_cast<int64_t>(chunks.size());
-  const int64_t grain = total < 4 * kChunk ? std::max<int64_t>(nchunks, 1) : 1;
-  at::parallel_for(0, nchunks, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c) run_chunk(chunks[c]);
+  const auto& isa = cpu::kernels();
+  cpu::for_each_chunk(numels, [&](const cpu::Chunk& ch) {
+    cpu::ASGDSpan s = spans[ch.tensor];
+    const int64_t offset = ch.begin * static_cast<int64_t>(c10::elementSize(s.dtype));
+    s.p = static_cast<char*>(s.p) + offset;
+    s.ax = static_cast<char*>(s.ax) + offset;
+    s.g = static_cast<const char*>(s.g) + offset;
+    s.n = ch.end - ch.begin;
+    isa.asgd_span(s);
   });
 
   for (auto& d : dense) d.write_back();

@@ -1,0 +1,46 @@
+// The CPU inner loops, compiled once per instruction set (DEFAULT, AVX2,
+// AVX512: isa_*.cpp include isa_kernels_impl.h with ATen's CPU_CAPABILITY
+// macros set) and picked at run time the way ATen picks its own kernels
+// (at::get_cpu_capability(), which honours ATEN_CPU_CAPABILITY).
+//
+// Why: an extension is compiled for the baseline ISA, where at::vec falls
+// back to plain arrays; measured on a 2-core AVX512 machine that made the
+// memory-bound ASGD step 3-6x slower than torch's own fused kernels.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+
+namespace torchext {
+namespace cpu {
+
+// One contiguous span of one tensor for the ASGD update.
+struct ASGDSpan {
+  at::ScalarType dtype;  // float, double, half or bfloat16 (complex as real)
+  void* p;
+  void* ax;
+  const void* g;
+  int64_t n;
+  double eta, mu, lambd, weight_decay;
+  bool maximize, unscale;
+  float inv_scale;
+};
+
+struct Kernels {
+  const char* isa;
+  void (*asgd_span)(const ASGDSpan&);
+  // Returns true if some element of x[0, n) is not finite; when `scale`,
+  // also multiplies the span by inv_scale in the same pass.
+  bool (*scan_span)(at::ScalarType dtype, void* x, int64_t n, bool scale, float inv_scale);
+};
+
+// The best kernels this CPU and build allow.
+const Kernels& kernels();
+
+namespace DEFAULT { extern const Kernels kKernels; }
+namespace AVX2 { extern const Kernels kKernels; }
+namespace AVX512 { extern const Kernels kKernels; }
+
+}  // namespace cpu
+}  // namespace torchext

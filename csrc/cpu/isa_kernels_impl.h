@@ -1,0 +1,128 @@
+// Body of the per-ISA CPU kernels; included by isa_default.cpp, isa_avx2.cpp
+// and isa_avx512.cpp with CPU_CAPABILITY set, so at::vec::Vectorized is the
+// native vector of that instruction set. The math is elementwise_math.h.
+#include "isa_kernels.h"
+#include "torchext/elementwise_math.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <type_traits>
+
+namespace torchext {
+namespace cpu {
+namespace CPU_CAPABILITY {
+namespace {
+
+using at::vec::Vectorized;
+
+template <typename T>
+math::ASGDCoeffs<Vectorized<T>> broadcast(const math::ASGDCoeffs<T>& c) {
+  return {Vectorized<T>(c.inv_scale), Vectorized<T>(c.weight_decay), Vectorized<T>(c.decay),
+          Vectorized<T>(c.step_size), Vectorized<T>(c.mu), c.unscale, c.has_weight_decay,
+          c.average};
+}
+
+template <typename scalar_t>
+void asgd_typed(const ASGDSpan& s) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  const auto c = math::make_asgd_coeffs<opmath_t>(s.eta, s.mu, s.lambd, s.weight_decay,
+                                                  s.maximize, s.unscale, s.inv_scale);
+  const auto cv = broadcast(c);
+  auto* p = static_cast<scalar_t*>(s.p);
+  auto* ax = static_cast<scalar_t*>(s.ax);
+  const auto* g = static_cast<const scalar_t*>(s.g);
+  using Vec = Vectorized<scalar_t>;
+  int64_t i = 0;
+  if constexpr (std::is_same_v<opmath_t, scalar_t>) {
+    for (; i + Vec::size() <= s.n; i += Vec::size()) {
+      Vec vp = Vec::loadu(p + i);
+      Vec vax = Vec::loadu(ax + i);
+      math::asgd_update(vp, vax, Vec::loadu(g + i), cv);
+      vp.store(p + i);
+      vax.store(ax + i);
+    }
+  } else {
+    // fp16/bf16: compute in float32, round once on store.
+    for (; i + Vec::size() <= s.n; i += Vec::size()) {
+      auto [p0, p1] = at::vec::convert_to_float<scalar_t>(Vec::loadu(p + i));
+      auto [a0, a1] = at::vec::convert_to_float<scalar_t>(Vec::loadu(ax + i));
+      auto [g0, g1] = at::vec::convert_to_float<scalar_t>(Vec::loadu(g + i));
+      math::asgd_update(p0, a0, g0, cv);
+      math::asgd_update(p1, a1, g1, cv);
+      at::vec::convert_from_float<scalar_t>(p0, p1).store(p + i);
+      at::vec::convert_from_float<scalar_t>(a0, a1).store(ax + i);
+    }
+  }
+  for (; i < s.n; ++i) {
+    opmath_t vp = static_cast<opmath_t>(p[i]), vax = static_cast<opmath_t>(ax[i]);
+    math::asgd_update(vp, vax, static_cast<opmath_t>(g[i]), c);
+    p[i] = static_cast<scalar_t>(vp);
+    ax[i] = static_cast<scalar_t>(vax);
+  }
+}
+
+void asgd_span(const ASGDSpan& s) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, s.dtype, "asgd_cpu",
+                                  [&] { asgd_typed<scalar_t>(s); });
+}
+
+// x * 0 is 0 for finite x and NaN for inf/NaN, so a running sum of x * 0 is
+// NaN exactly when some element is not finite: no branch per element.
+template <typename V>
+inline V poison(const V& acc, const V& x) {
+  return acc + x * V(0);
+}
+
+template <typename scalar_t>
+bool scan_typed(scalar_t* x, int64_t n, bool scale, float inv_scale) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  using Vec = Vectorized<opmath_t>;
+  const Vec vinv(static_cast<opmath_t>(inv_scale));
+  Vec acc(0);
+  int64_t i = 0;
+  if constexpr (std::is_same_v<opmath_t, scalar_t>) {
+    for (; i + Vec::size() <= n; i += Vec::size()) {
+      const Vec v = Vec::loadu(x + i);
+      acc = poison(acc, v);
+      if (scale) (v * vinv).store(x + i);
+    }
+  } else {
+    using RVec = Vectorized<scalar_t>;
+    for (; i + RVec::size() <= n; i += RVec::size()) {
+      auto [v0, v1] = at::vec::convert_to_float<scalar_t>(RVec::loadu(x + i));
+      acc = poison(poison(acc, v0), v1);
+      if (scale) at::vec::convert_from_float<scalar_t>(v0 * vinv, v1 * vinv).store(x + i);
+    }
+  }
+  opmath_t tail = 0;
+  for (; i < n; ++i) {
+    const opmath_t v = static_cast<opmath_t>(x[i]);
+    tail = tail + v * opmath_t(0);
+    if (scale) x[i] = static_cast<scalar_t>(v * static_cast<opmath_t>(inv_scale));
+  }
+  bool bad = math::non_finite(tail);
+  __at_align__ opmath_t lanes[Vec::size()];
+  acc.store(lanes);
+  for (int64_t k = 0; k < Vec::size(); ++k) bad = bad || math::non_finite(lanes[k]);
+  return bad;
+}
+
+bool scan_span(at::ScalarType dtype, void* x, int64_t n, bool scale, float inv_scale) {
+  bool bad = false;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "scan_cpu", [&] {
+    bad = scan_typed(static_cast<scalar_t*>(x), n, scale, inv_scale);
+  });
+  return bad;
+}
+
+}  // namespace
+
+extern const Kernels kKernels;
+const Kernels kKernels{C10_STRINGIZE(CPU_CAPABILITY), &asgd_span, &scan_span};
+
+}  // namespace CPU_CAPABILITY
+}  // namespace cpu
+}  // namespace torchext
