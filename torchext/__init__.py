@@ -44,6 +44,12 @@ def _load():
 
 library_path, _build_info = _load()
 
+# ---- C++ (LibTorch) users ---------------------------------------------------
+#: Directory to add to CMAKE_PREFIX_PATH (next to torch.utils.cmake_prefix_path)
+#: so that find_package(torchext) finds the config shipped in this package; its
+#: torchext::torchext target links this package's own compiled library.
+cmake_prefix_path = _os.path.join(_HERE, "share", "cmake")
+
 #: What the loaded library holds: CPU kernels always, CUDA kernels and their
 #: archs when it was built with them.
 build_info = {
@@ -64,4 +70,5 @@ def has_cuda_kernels() -> bool:
 
 from . import amp, optim  # noqa: E402,F401
 
-__all__ = ["optim", "amp", "build_info", "has_cuda_kernels", "library_path", "__version__"]
+__all__ = ["optim", "amp", "build_info", "has_cuda_kernels", "library_path", "cmake_prefix_path",
+           "__version__"]

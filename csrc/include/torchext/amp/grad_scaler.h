@@ -22,7 +22,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
-#include <map>
+#include <utility>
 #include <optional>
 #include <unordered_map>
 #include <vector>
@@ -99,7 +99,7 @@ class TORCHEXT_API GradScaler {
   enum class Stage { kReady, kUnscaled, kStepped };
   struct PerOptimizer {
     Stage stage = Stage::kReady;
-    std::map<c10::Device, torch::Tensor> found_inf_per_device;
+    std::vector<std::pair<c10::Device, torch::Tensor>> found_inf_per_device;
   };
 
   void check_scale_created(const char* where) const;

@@ -1,0 +1,330 @@
+// torchext::optim::ASGD: parity with torch.optim.ASGD (reference data from
+// make_reference.py), param groups, closures, serialization, bad input, CUDA.
+#include "common.h"
+
+#include <torchext/torchext.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+using torchext::optim::ASGD;
+using torchext::optim::ASGDOptions;
+using torchext::optim::ASGDParamState;
+using torch::optim::OptimizerParamGroup;
+using namespace torchext_test;
+
+namespace {
+
+const ASGDParamState& state_of(const ASGD& opt, const torch::Tensor& p) {
+  return static_cast<const ASGDParamState&>(*opt.state().at(p.unsafeGetTensorImpl()));
+}
+
+ASGDOptions options_from(const torch::Tensor& row) {
+  const auto v = row.accessor<double, 1>();
+  return ASGDOptions(v[0]).lambd(v[1]).alpha(v[2]).t0(v[3]).weight_decay(v[4]).maximize(v[5] != 0);
+}
+
+std::vector<torch::Tensor> clones(const std::vector<torch::Tensor>& ts) {
+  std::vector<torch::Tensor> out;
+  for (const auto& t : ts) out.push_back(t.detach().clone());
+  return out;
+}
+
+// A small problem with several groups, used by the serialization tests.
+struct Problem {
+  std::vector<torch::Tensor> params;
+  std::vector<OptimizerParamGroup> groups() const {
+    std::vector<OptimizerParamGroup> g;
+    g.emplace_back(std::vector<torch::Tensor>{params[0], params[1]},
+                   std::make_unique<ASGDOptions>(ASGDOptions(0.03).t0(3).weight_decay(1e-2)));
+    g.emplace_back(std::vector<torch::Tensor>{params[2]},
+                   std::make_unique<ASGDOptions>(ASGDOptions(0.01).lambd(1e-2).t0(0).maximize(true)));
+    return g;
+  }
+  explicit Problem(int64_t seed) {
+    torch::manual_seed(seed);
+    for (auto shape : {std::vector<int64_t>{4, 3}, {3}, {2, 2}}) {
+      params.push_back(torch::randn(shape).requires_grad_());
+    }
+  }
+  void set_grads(int64_t step) {
+    torch::manual_seed(1000 + step);
+    for (auto& p : params) p.mutable_grad() = torch::randn(p.sizes());
+  }
+};
+
+}  // namespace
+
+TEST(ASGD, MatchesPythonTorchOptimASGD) {
+  const auto ref = load_ref("asgd_ref.pt");
+  const int64_t cases = R(ref, "num_cases").item<int64_t>();
+  const int64_t steps = R(ref, "steps").item<int64_t>();
+  ASSERT_GE(cases, 5);
+  for (int64_t c = 0; c < cases; ++c) {
+    SCOPED_TRACE("case " + std::to_string(c));
+    const std::string pre = "case" + std::to_string(c) + "/";
+    std::vector<torch::Tensor> params;
+    for (int i = 0; i < 3; ++i) {
+      params.push_back(R(ref, pre + "init" + std::to_string(i)).clone().requires_grad_());
+    }
+    std::vector<OptimizerParamGroup> groups;
+    const int64_t ngroups = R(ref, pre + "num_groups").item<int64_t>();
+    for (int64_t g = 0; g < ngroups; ++g) {
+      const std::string gp = pre + "group" + std::to_string(g) + "/";
+      std::vector<torch::Tensor> ps;
+      const auto idx = R(ref, gp + "params");
+      for (int64_t k = 0; k < idx.numel(); ++k) ps.push_back(params[idx[k].item<int64_t>()]);
+      groups.emplace_back(ps, std::make_unique<ASGDOptions>(options_from(R(ref, gp + "options"))));
+    }
+    ASGD opt(groups);
+    ASSERT_EQ(opt.param_groups().size(), static_cast<size_t>(ngroups));
+    for (int64_t s = 0; s < steps; ++s) {
+      for (int i = 0; i < 3; ++i) {
+        params[i].mutable_grad() = R(ref, pre + "grads" + std::to_string(i))[s].clone();
+      }
+      opt.step();
+    }
+    for (int i = 0; i < 3; ++i) {
+      const std::string k = std::to_string(i);
+      EXPECT_TRUE(close(params[i], R(ref, pre + "param" + k))) << "param " << i;
+      const auto& st = state_of(opt, params[i]);
+      EXPECT_TRUE(close(st.ax(), R(ref, pre + "ax" + k))) << "ax " << i;
+      EXPECT_TRUE(close(st.eta(), R(ref, pre + "eta" + k))) << "eta " << i;
+      EXPECT_TRUE(close(st.mu(), R(ref, pre + "mu" + k))) << "mu " << i;
+      EXPECT_EQ(st.step().item<double>(), R(ref, pre + "step" + k).item<double>());
+      EXPECT_EQ(st.step().scalar_type(), torch::kFloat);
+      EXPECT_EQ(st.step().dim(), 0);
+    }
+  }
+}
+
+TEST(ASGD, StateIsCreatedLazilyLikePython) {
+  auto p = torch::randn({3}).requires_grad_();
+  auto q = torch::randn({2}).requires_grad_();
+  ASGD opt({p, q}, ASGDOptions(0.25));
+  EXPECT_TRUE(opt.state().empty());
+  p.mutable_grad() = torch::zeros({3});
+  opt.step();  // q has no grad: no state, untouched
+  EXPECT_EQ(opt.state().size(), 1u);
+  EXPECT_EQ(opt.state().count(q.unsafeGetTensorImpl()), 0u);
+  const auto& st = state_of(opt, p);
+  EXPECT_EQ(st.step().item<float>(), 1.0f);
+  EXPECT_EQ(st.step().device(), p.device());
+  EXPECT_EQ(st.ax().sizes(), p.sizes());
+}
+
+TEST(ASGD, ParamGroupsKeepTheirOptions) {
+  auto a = torch::randn({2}).requires_grad_();
+  auto b = torch::randn({2}).requires_grad_();
+  std::vector<OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<torch::Tensor>{a});  // takes the defaults
+  groups.emplace_back(std::vector<torch::Tensor>{b},
+                      std::make_unique<ASGDOptions>(ASGDOptions(0.5).lambd(0.1).t0(7).maximize(true)));
+  ASGD opt(groups, ASGDOptions(0.02).alpha(0.6));
+  const auto& g0 = static_cast<const ASGDOptions&>(opt.param_groups()[0].options());
+  const auto& g1 = static_cast<const ASGDOptions&>(opt.param_groups()[1].options());
+  EXPECT_EQ(g0.lr(), 0.02);
+  EXPECT_EQ(g0.alpha(), 0.6);
+  EXPECT_EQ(g1.lr(), 0.5);
+  EXPECT_EQ(g1.lambd(), 0.1);
+  EXPECT_EQ(g1.t0(), 7);
+  EXPECT_TRUE(g1.maximize());
+  // add_param_group after construction, and the LR-scheduler interface.
+  auto c = torch::randn({1}).requires_grad_();
+  opt.add_param_group(OptimizerParamGroup({c}, std::make_unique<ASGDOptions>(ASGDOptions(0.3))));
+  EXPECT_EQ(opt.param_groups()[2].options().get_lr(), 0.3);
+  opt.param_groups()[2].options().set_lr(0.4);
+  EXPECT_EQ(static_cast<const ASGDOptions&>(opt.param_groups()[2].options()).lr(), 0.4);
+}
+
+TEST(ASGD, StepRunsTheClosure) {
+  auto w = torch::ones({3}).requires_grad_();
+  ASGD opt({w}, ASGDOptions(0.1).lambd(0));
+  int calls = 0;
+  auto loss = opt.step([&] {
+    ++calls;
+    opt.zero_grad();
+    auto l = (w * w).sum();
+    l.backward();
+    return l;
+  });
+  EXPECT_EQ(calls, 1);
+  EXPECT_FLOAT_EQ(loss.item<float>(), 3.0f);
+  EXPECT_TRUE(close(w, torch::full({3}, 0.8f)));  // 1 - 0.1 * 2
+}
+
+TEST(ASGD, FusedAndTensorOpPathsAgree) {
+  Problem a(1), b(1);
+  ASGD fused(a.groups()), plain(b.groups());
+  for (auto& g : plain.param_groups()) static_cast<ASGDOptions&>(g.options()).fused(false);
+  for (int s = 0; s < 20; ++s) {
+    a.set_grads(s);
+    b.set_grads(s);
+    fused.step();
+    plain.step();
+  }
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    EXPECT_TRUE(close(a.params[i], b.params[i], 1e-5, 1e-6));
+    EXPECT_TRUE(close(state_of(fused, a.params[i]).ax(), state_of(plain, b.params[i]).ax(), 1e-5,
+                      1e-6));
+  }
+}
+
+TEST(ASGD, StepWithAmpUnscalesAndSkipsOnDevice) {
+  auto p = torch::ones({4}).requires_grad_();
+  auto q = torch::ones({4}).requires_grad_();
+  ASGD a({p}, ASGDOptions(0.1).lambd(0)), b({q}, ASGDOptions(0.1).lambd(0));
+  p.mutable_grad() = torch::full({4}, 8.0f);
+  q.mutable_grad() = torch::full({4}, 1.0f);
+  a.step_with_amp(torch::full({}, 8.0f), torch::zeros({}));
+  b.step();
+  EXPECT_TRUE(close(p, q));
+  const auto before = p.detach().clone();
+  a.step_with_amp(torch::full({}, 8.0f), torch::ones({}));  // overflow: nothing changes
+  EXPECT_TRUE(torch::equal(p, before));
+  EXPECT_EQ(state_of(a, p).step().item<float>(), 1.0f);
+}
+
+TEST(ASGD, SaveLoadRoundTrip) {
+  Problem a(2), b(2);
+  ASGD opt_a(a.groups());
+  for (int s = 0; s < 10; ++s) {
+    a.set_grads(s);
+    opt_a.step();
+  }
+  std::stringstream stream;
+  torch::save(opt_a, stream);
+  // b: same params as a (copied), fresh optimizer with other options.
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    torch::NoGradGuard ng;
+    b.params[i].copy_(a.params[i]);
+  }
+  ASGD opt_b(b.groups(), ASGDOptions(0.9));
+  static_cast<ASGDOptions&>(opt_b.param_groups()[0].options()).lr(0.9);
+  torch::load(opt_b, stream);
+  EXPECT_EQ(static_cast<const ASGDOptions&>(opt_b.param_groups()[0].options()).lr(), 0.03);
+  for (int s = 10; s < 20; ++s) {
+    a.set_grads(s);
+    b.set_grads(s);
+    opt_a.step();
+    opt_b.step();
+  }
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    EXPECT_TRUE(torch::equal(a.params[i], b.params[i]));
+    EXPECT_TRUE(torch::equal(state_of(opt_a, a.params[i]).ax(), state_of(opt_b, b.params[i]).ax()));
+    EXPECT_EQ(state_of(opt_b, b.params[i]).eta().scalar_type(), torch::kFloat);
+  }
+}
+
+// ---- bad input: c10::Error with a clear message, nothing changes ---------
+
+#define EXPECT_THROW_MSG(stmt, substr)                                              \
+  do {                                                                              \
+    try {                                                                           \
+      stmt;                                                                         \
+      ADD_FAILURE() << "no exception from " #stmt;                                  \
+    } catch (const c10::Error& e) {                                                 \
+      EXPECT_NE(std::string(e.what_without_backtrace()).find(substr), std::string::npos) \
+          << e.what_without_backtrace();                                            \
+    }                                                                               \
+  } while (0)
+
+TEST(ASGDBadInput, OptionsAreValidated) {
+  auto p = torch::randn({2}).requires_grad_();
+  EXPECT_THROW_MSG(ASGD({p}, ASGDOptions(-1.0)), "invalid learning rate");
+  EXPECT_THROW_MSG(ASGD({p}, ASGDOptions(0.1).lambd(-1)), "invalid lambd");
+  EXPECT_THROW_MSG(ASGD({p}, ASGDOptions(0.1).alpha(-1)), "invalid alpha");
+  EXPECT_THROW_MSG(ASGD({p}, ASGDOptions(0.1).weight_decay(-1)), "invalid weight_decay");
+  ASGD opt({p});
+  EXPECT_THROW_MSG(opt.add_param_group(OptimizerParamGroup({p})), "more than one parameter group");
+  auto q = torch::randn({2}).requires_grad_();
+  EXPECT_THROW_MSG(opt.add_param_group(OptimizerParamGroup(
+                       {q}, std::make_unique<torch::optim::SGDOptions>(0.1))),
+                   "must be torchext::optim::ASGDOptions");
+  EXPECT_THROW_MSG(opt.add_param_group(OptimizerParamGroup({q * 2})), "non-leaf");
+  EXPECT_EQ(opt.param_groups().size(), 1u);
+}
+
+TEST(ASGDBadInput, BadGradientChangesNothing) {
+  auto p = torch::randn({3}).requires_grad_();
+  auto q = torch::randn({2}).requires_grad_();
+  std::vector<OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<torch::Tensor>{p});
+  groups.emplace_back(std::vector<torch::Tensor>{q});
+  ASGD opt(groups);
+  const auto p0 = p.detach().clone();
+  p.mutable_grad() = torch::ones({3});
+  q.mutable_grad() = torch::ones({5});  // wrong shape, in the second group
+  EXPECT_THROW_MSG(opt.step(), "has shape");
+  EXPECT_TRUE(torch::equal(p, p0));
+  EXPECT_TRUE(opt.state().empty());
+  q.mutable_grad() = torch::ones({2}, torch::kDouble);
+  EXPECT_THROW_MSG(opt.step(), "dtype");
+  EXPECT_TRUE(torch::equal(p, p0));
+  EXPECT_TRUE(opt.state().empty());
+}
+
+TEST(ASGDBadInput, MismatchedCheckpointChangesNothing) {
+  Problem a(3);
+  ASGD opt_a(a.groups());
+  a.set_grads(0);
+  opt_a.step();
+  std::stringstream stream;
+  torch::save(opt_a, stream);
+  const std::string bytes = stream.str();
+
+  // Different number of groups.
+  auto x = torch::randn({4, 3}).requires_grad_();
+  ASGD one_group({x});
+  x.mutable_grad() = torch::ones({4, 3});
+  one_group.step();
+  const auto ax_before = state_of(one_group, x).ax().clone();
+  std::istringstream s1(bytes);
+  EXPECT_THROW_MSG(torch::load(one_group, s1), "different number of parameter groups");
+  EXPECT_TRUE(torch::equal(state_of(one_group, x).ax(), ax_before));
+
+  // Same structure, a parameter of another shape.
+  Problem b(3);
+  b.params[0] = torch::randn({5, 3}).requires_grad_();
+  ASGD opt_b(b.groups());
+  std::istringstream s2(bytes);
+  EXPECT_THROW_MSG(torch::load(opt_b, s2), "has shape");
+  EXPECT_TRUE(opt_b.state().empty());
+  EXPECT_EQ(static_cast<const ASGDOptions&>(opt_b.param_groups()[0].options()).lr(), 0.03);
+
+  // Not an optimizer archive at all.
+  std::stringstream other;
+  torch::save(torch::ones({2}), other);
+  EXPECT_THROW(torch::load(opt_b, other), c10::Error);
+  EXPECT_TRUE(opt_b.state().empty());
+}
+
+TEST(ASGDBadInput, OpErrorsSurfaceAsCppExceptions) {
+  // A gradient of another device/kind than CPU float is rejected by the op
+  // itself; here: an integer parameter.
+  auto p = torch::ones({2}, torch::kLong);
+  ASGD opt({p});
+  p.mutable_grad() = torch::ones({2}, torch::kLong);
+  EXPECT_THROW_MSG(opt.step(), "unsupported dtype");
+}
+
+TEST(ASGDCuda, MatchesCpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("torchext::asgd_", "");
+  if (!op.hasKernelForDispatchKey(c10::DispatchKey::CUDA)) {
+    GTEST_SKIP() << "torchext was built without CUDA kernels (TORCHEXT_CUDA=OFF)";
+  }
+  Problem cpu(4), gpu(4);
+  for (auto& p : gpu.params) p = p.detach().to(torch::kCUDA).requires_grad_();
+  ASGD a(cpu.groups()), b(gpu.groups());
+  for (int s = 0; s < 50; ++s) {
+    cpu.set_grads(s);
+    gpu.set_grads(s);
+    for (auto& p : gpu.params) p.mutable_grad() = p.grad().to(torch::kCUDA);
+    a.step();
+    b.step();
+  }
+  for (size_t i = 0; i < cpu.params.size(); ++i) {
+    EXPECT_TRUE(close(gpu.params[i], cpu.params[i], 1e-5, 1e-6));
+    EXPECT_EQ(state_of(b, gpu.params[i]).step().device().type(), torch::kCUDA);
+  }
+}

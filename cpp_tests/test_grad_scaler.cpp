@@ -1,0 +1,211 @@
+// torchext::amp::GradScaler: parity with torch.amp.GradScaler("cpu") (fused
+// ASGD path and the unscale-and-check path of a foreign optimizer),
+// hysteresis / min / max scale, skip reporting, save/load, bad input.
+#include "common.h"
+
+#include <torchext/torchext.h>
+
+#include <limits>
+
+using torchext::amp::GradScaler;
+using torchext::amp::GradScalerOptions;
+using namespace torchext_test;
+
+#define EXPECT_THROW_MSG(stmt, substr)                                              \
+  do {                                                                              \
+    try {                                                                           \
+      stmt;                                                                         \
+      ADD_FAILURE() << "no exception from " #stmt;                                  \
+    } catch (const c10::Error& e) {                                                 \
+      EXPECT_NE(std::string(e.what_without_backtrace()).find(substr), std::string::npos) \
+          << e.what_without_backtrace();                                            \
+    }                                                                               \
+  } while (0)
+
+namespace {
+
+GradScalerOptions ref_options(const std::map<std::string, torch::Tensor>& ref) {
+  const auto o = R(ref, "options");
+  return GradScalerOptions()
+      .init_scale(o[0].item<double>())
+      .growth_factor(o[1].item<double>())
+      .backoff_factor(o[2].item<double>())
+      .growth_interval(o[3].item<int64_t>());
+}
+
+// The loop of make_reference.py's scaler_run, in C++.
+torch::Tensor run(torch::optim::Optimizer& opt, torch::Tensor& w, GradScaler& scaler,
+                  const torch::Tensor& xs) {
+  std::vector<double> scales;
+  for (int64_t s = 0; s < xs.size(0); ++s) {
+    opt.zero_grad();
+    auto loss = 0.5 * (w * xs[s]).pow(2).sum();
+    scaler.scale(loss).backward();
+    scaler.step(opt);
+    scaler.update();
+    scales.push_back(scaler.get_scale());
+  }
+  return torch::tensor(scales, torch::kDouble);
+}
+
+}  // namespace
+
+TEST(GradScaler, FusedASGDPathMatchesPython) {
+  const auto ref = load_ref("scaler_ref.pt");
+  auto w = R(ref, "w0").clone().requires_grad_();
+  torchext::optim::ASGD opt({w}, torchext::optim::ASGDOptions(0.05).lambd(1e-3).t0(4));
+  GradScaler scaler(ref_options(ref));
+  const auto scales = run(opt, w, scaler, R(ref, "xs"));
+  EXPECT_TRUE(torch::equal(scales, R(ref, "asgd_scales"))) << scales << R(ref, "asgd_scales");
+  EXPECT_TRUE(close(w, R(ref, "asgd_param")));
+  EXPECT_EQ(scaler.num_skipped_steps(), 4);  // OVERFLOW_AT in make_reference.py
+}
+
+TEST(GradScaler, ForeignOptimizerPathMatchesPython) {
+  const auto ref = load_ref("scaler_ref.pt");
+  auto w = R(ref, "w0").clone().requires_grad_();
+  torch::optim::SGD opt({w}, torch::optim::SGDOptions(0.05).momentum(0.9));
+  GradScaler scaler(ref_options(ref));
+  const auto scales = run(opt, w, scaler, R(ref, "xs"));
+  EXPECT_TRUE(torch::equal(scales, R(ref, "sgd_scales"))) << scales << R(ref, "sgd_scales");
+  EXPECT_TRUE(close(w, R(ref, "sgd_param")));
+}
+
+TEST(GradScaler, UnscaleThenStepGivesTheSameResult) {
+  // Explicit unscale_ (e.g. for gradient clipping) before step(): ASGD then
+  // gets found_inf but no grad_scale.
+  const auto ref = load_ref("scaler_ref.pt");
+  auto w = R(ref, "w0").clone().requires_grad_();
+  torchext::optim::ASGD opt({w}, torchext::optim::ASGDOptions(0.05).lambd(1e-3).t0(4));
+  GradScaler scaler(ref_options(ref));
+  const auto xs = R(ref, "xs");
+  for (int64_t s = 0; s < xs.size(0); ++s) {
+    opt.zero_grad();
+    scaler.scale(0.5 * (w * xs[s]).pow(2).sum()).backward();
+    scaler.unscale_(opt);
+    scaler.step(opt);
+    scaler.update();
+  }
+  EXPECT_TRUE(close(w, R(ref, "asgd_param")));
+}
+
+TEST(GradScaler, SkipReportingOnDevice) {
+  auto w = torch::ones({2}).requires_grad_();
+  torchext::optim::ASGD opt({w});
+  GradScaler scaler(GradScalerOptions().init_scale(8.0));
+  EXPECT_FALSE(scaler.last_step_skipped().defined());
+  for (float x : {1.0f, std::numeric_limits<float>::infinity(), 1.0f}) {
+    opt.zero_grad();
+    scaler.scale((w * x).sum()).backward();
+    scaler.step(opt);
+    scaler.update();
+    EXPECT_EQ(scaler.last_step_skipped().item<bool>(), std::isinf(x));
+    EXPECT_EQ(scaler.last_step_skipped().device(), w.device());
+  }
+  EXPECT_EQ(scaler.num_skipped_steps(), 1);
+  EXPECT_EQ(scaler.skipped_steps().scalar_type(), torch::kLong);
+  EXPECT_EQ(scaler.get_scale(), 4.0);
+}
+
+TEST(GradScaler, HysteresisAndClampsFollowTheRule) {
+  // Hand rule: with hysteresis 2 the scale backs off at the 2nd overflow in a
+  // row; growth resets the hysteresis tracker; min/max clamp.
+  auto w = torch::ones({2}).requires_grad_();
+  torchext::optim::ASGD opt({w});
+  GradScaler scaler(GradScalerOptions()
+                        .init_scale(16.0)
+                        .growth_interval(2)
+                        .hysteresis(2)
+                        .min_scale(4.0)
+                        .max_scale(32.0));
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<std::pair<float, double>> steps = {
+      {inf, 16}, {inf, 8},   // two overflows in a row: one backoff
+      {inf, 4},              // tracker at 0: backs off again (clamped at min 4)
+      {inf, 4},              // stays at min_scale
+      {1, 4},   {1, 8},      // growth after 2 good steps, hysteresis reset
+      {inf, 8}, {1, 8},      // one overflow tolerated
+      {1, 16}, {1, 16}, {1, 32}, {1, 32}, {1, 32},  // clamped at max 32
+  };
+  for (const auto& [x, want] : steps) {
+    opt.zero_grad();
+    scaler.scale((w * x).sum()).backward();
+    scaler.step(opt);
+    scaler.update();
+    EXPECT_EQ(scaler.get_scale(), want) << "x=" << x;
+  }
+}
+
+TEST(GradScaler, DisabledIsAPassThrough) {
+  auto w = torch::ones({2}).requires_grad_();
+  torch::optim::SGD opt({w}, 0.5);
+  GradScaler scaler(GradScalerOptions().enabled(false));
+  auto loss = (w * 2).sum();
+  EXPECT_TRUE(scaler.scale(loss).is_same(loss));
+  loss.backward();
+  scaler.step(opt);
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 1.0);
+  EXPECT_TRUE(torch::equal(w, torch::zeros({2})));
+}
+
+TEST(GradScaler, UpdateWithNewScale) {
+  auto w = torch::ones({2}).requires_grad_();
+  torchext::optim::ASGD opt({w});
+  GradScaler scaler;
+  scaler.scale(w.sum()).backward();
+  scaler.step(opt);
+  scaler.update(128.0);
+  EXPECT_EQ(scaler.get_scale(), 128.0);
+  scaler.update(torch::full({1}, 64.0f));
+  EXPECT_EQ(scaler.get_scale(), 64.0);
+}
+
+TEST(GradScaler, SaveLoadRoundTrip) {
+  auto w = torch::ones({2}).requires_grad_();
+  torchext::optim::ASGD opt({w});
+  GradScaler a(GradScalerOptions().init_scale(64).growth_interval(3).hysteresis(2));
+  for (float x : {1.0f, 1.0f, std::numeric_limits<float>::infinity()}) {
+    opt.zero_grad();
+    a.scale((w * x).sum()).backward();
+    a.step(opt);
+    a.update();
+  }
+  std::stringstream stream;
+  torch::save(a, stream);
+  GradScaler b;  // other options: the checkpoint's win
+  torch::load(b, stream);
+  EXPECT_EQ(b.get_scale(), a.get_scale());
+  EXPECT_EQ(b.get_growth_tracker(), a.get_growth_tracker());
+  EXPECT_EQ(b.hysteresis_tracker().item<int>(), 1);
+  EXPECT_EQ(b.num_skipped_steps(), 1);  // the overflowed step was skipped (no backoff yet)
+  EXPECT_EQ(b.get_scale(), 64.0);
+  EXPECT_EQ(b.options().growth_interval(), 3);
+  EXPECT_EQ(b.options().hysteresis(), 2);
+}
+
+TEST(GradScalerBadInput, ClearErrorsAndNoChange) {
+  EXPECT_THROW_MSG(GradScaler(GradScalerOptions().growth_factor(1.0)), "growth_factor");
+  EXPECT_THROW_MSG(GradScaler(GradScalerOptions().backoff_factor(1.5)), "backoff_factor");
+  EXPECT_THROW_MSG(GradScaler(GradScalerOptions().growth_interval(0)), "growth_interval");
+  EXPECT_THROW_MSG(GradScaler(GradScalerOptions().hysteresis(0)), "hysteresis");
+  EXPECT_THROW_MSG(GradScaler(GradScalerOptions().min_scale(8).max_scale(4)), "min_scale");
+
+  auto w = torch::ones({2}).requires_grad_();
+  torch::optim::SGD opt({w}, 0.1);
+  GradScaler scaler;
+  EXPECT_THROW_MSG(scaler.unscale_(opt), "scale(loss or outputs)");
+  scaler.scale(w.sum()).backward();
+  scaler.unscale_(opt);
+  const auto grad = w.grad().clone();
+  EXPECT_THROW_MSG(scaler.unscale_(opt), "already been called");
+  EXPECT_TRUE(torch::equal(w.grad(), grad));
+  scaler.step(opt);
+  EXPECT_THROW_MSG(scaler.step(opt), "already been called");
+  EXPECT_THROW_MSG(scaler.update(torch::full({}, 2.0, torch::kDouble)), "float32");
+  const double scale = scaler.get_scale();
+  std::stringstream other;
+  torch::save(torch::ones({2}), other);
+  EXPECT_THROW(torch::load(scaler, other), c10::Error);
+  EXPECT_EQ(scaler.get_scale(), scale);
+}

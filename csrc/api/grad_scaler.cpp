@@ -1,0 +1,337 @@
+// torchext::amp::GradScaler (LibTorch), on the torchext AMP ops called
+// through the dispatcher. Also the library-level functions of torchext.h.
+#include <torchext/torchext.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/Exception.h>
+#include <torch/autograd.h>
+
+#include <map>
+
+namespace torchext {
+
+const char* version() { return "0.1.0"; }
+
+bool ops_registered() {
+  return c10::Dispatcher::singleton().findSchema({"torchext::asgd_", ""}).has_value();
+}
+
+namespace amp {
+namespace {
+
+struct DeviceLess {
+  bool operator()(const c10::Device& a, const c10::Device& b) const {
+    return std::make_pair(static_cast<int>(a.type()), static_cast<int>(a.index())) <
+           std::make_pair(static_cast<int>(b.type()), static_cast<int>(b.index()));
+  }
+};
+
+using CheckFiniteOp = void(at::TensorList, const at::Tensor&);
+using UnscaleOp = void(at::TensorList, const at::Tensor&, const at::Tensor&);
+using UpdateScaleOp = void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                           const at::Tensor&, double, double, int64_t, int64_t,
+                           std::optional<double>, std::optional<double>);
+
+template <typename Sig>
+c10::TypedOperatorHandle<Sig> find_op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
+}
+const c10::TypedOperatorHandle<CheckFiniteOp>& check_finite_op() {
+  static const auto op = find_op<CheckFiniteOp>("torchext::check_finite_");
+  return op;
+}
+const c10::TypedOperatorHandle<UnscaleOp>& unscale_op() {
+  static const auto op = find_op<UnscaleOp>("torchext::unscale_");
+  return op;
+}
+const c10::TypedOperatorHandle<UpdateScaleOp>& update_scale_op() {
+  static const auto op = find_op<UpdateScaleOp>("torchext::update_scale_");
+  return op;
+}
+
+// The gradients of an optimizer, grouped by device.
+std::map<c10::Device, std::vector<at::Tensor>, DeviceLess> grads_by_device(
+    const torch::optim::Optimizer& optimizer) {
+  std::map<c10::Device, std::vector<at::Tensor>, DeviceLess> out;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& p : group.params()) {
+      const auto& g = p.grad();
+      if (g.defined()) out[g.device()].push_back(g);
+    }
+  }
+  return out;
+}
+
+void validate(const GradScalerOptions& o) {
+  TORCH_CHECK_VALUE(o.init_scale() > 0.0, "GradScaler: init_scale must be > 0, got ",
+                    o.init_scale());
+  TORCH_CHECK_VALUE(o.growth_factor() > 1.0, "GradScaler: growth_factor must be > 1, got ",
+                    o.growth_factor());
+  TORCH_CHECK_VALUE(o.backoff_factor() > 0.0 && o.backoff_factor() < 1.0,
+                    "GradScaler: backoff_factor must be in (0, 1), got ", o.backoff_factor());
+  TORCH_CHECK_VALUE(o.growth_interval() >= 1, "GradScaler: growth_interval must be >= 1, got ",
+                    o.growth_interval());
+  TORCH_CHECK_VALUE(o.hysteresis() >= 1, "GradScaler: hysteresis must be >= 1, got ",
+                    o.hysteresis());
+  const double lo = o.min_scale().value_or(0.0);
+  const double hi = o.max_scale().value_or(std::numeric_limits<double>::infinity());
+  TORCH_CHECK_VALUE(lo >= 0.0 && lo <= hi,
+                    "GradScaler: need 0 <= min_scale <= max_scale, got min_scale=", lo,
+                    ", max_scale=", hi);
+}
+
+}  // namespace
+
+GradScaler::GradScaler(GradScalerOptions options) : options_(std::move(options)) {
+  validate(options_);
+}
+
+void GradScaler::ensure_state(const c10::Device& device) {
+  if (!scale_.defined()) {
+    const auto f = at::TensorOptions().dtype(at::kFloat).device(device);
+    const auto i = at::TensorOptions().dtype(at::kInt).device(device);
+    scale_ = at::full({}, options_.init_scale(), f);
+    growth_tracker_ = at::zeros({}, i);
+    hysteresis_tracker_ = at::full({}, options_.hysteresis(), i);
+    skipped_steps_ = at::zeros({}, i.dtype(at::kLong));
+  } else if (state_movable_ && scale_.device() != device) {
+    scale_ = scale_.to(device);
+    growth_tracker_ = growth_tracker_.to(device);
+    hysteresis_tracker_ = hysteresis_tracker_.to(device);
+    skipped_steps_ = skipped_steps_.to(device);
+    if (last_step_skipped_.defined()) last_step_skipped_ = last_step_skipped_.to(device);
+  }
+  state_movable_ = false;
+}
+
+void GradScaler::check_scale_created(const char* where) const {
+  TORCH_CHECK(scale_.defined(), "GradScaler.", where,
+              ": the scale does not exist yet. This may indicate your program did not use "
+              "scaler.scale(loss or outputs) earlier in the iteration.");
+}
+
+GradScaler::PerOptimizer& GradScaler::state_for(torch::optim::Optimizer& optimizer) {
+  return per_optimizer_[&optimizer];
+}
+
+torch::Tensor GradScaler::scale(const torch::Tensor& outputs) {
+  if (!options_.enabled()) return outputs;
+  TORCH_CHECK(outputs.defined(), "GradScaler.scale: outputs is undefined");
+  ensure_state(outputs.device());
+  return outputs * scale_.to(outputs.device(), /*non_blocking=*/true);
+}
+
+std::vector<torch::Tensor> GradScaler::scale(const std::vector<torch::Tensor>& outputs) {
+  std::vector<torch::Tensor> out;
+  out.reserve(outputs.size());
+  for (const auto& t : outputs) out.push_back(scale(t));
+  return out;
+}
+
+void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
+  if (!options_.enabled()) return;
+  check_scale_created("unscale_");
+  auto& st = state_for(optimizer);
+  TORCH_CHECK(st.stage != Stage::kUnscaled,
+              "GradScaler.unscale_() has already been called on this optimizer since the last "
+              "update().");
+  TORCH_CHECK(st.stage != Stage::kStepped, "GradScaler.unscale_() is being called after step().");
+  at::NoGradGuard no_grad;
+  // torch: inv_scale = scale.double().reciprocal().float()
+  const auto inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
+  std::vector<std::pair<c10::Device, torch::Tensor>> found;
+  for (const auto& [device, grads] : grads_by_device(optimizer)) {
+    auto found_inf = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device));
+    unscale_op().call(grads, found_inf, inv_scale.to(device, /*non_blocking=*/true));
+    found.emplace_back(device, std::move(found_inf));
+  }
+  st.found_inf_per_device = std::move(found);
+  st.stage = Stage::kUnscaled;
+}
+
+torch::Tensor GradScaler::combined_found_inf(const PerOptimizer& s) const {
+  auto total = at::zeros({}, scale_.options().dtype(at::kFloat));
+  for (const auto& [device, f] : s.found_inf_per_device) {
+    total.add_(f.to(scale_.device(), /*non_blocking=*/true));
+  }
+  return total;
+}
+
+torch::Tensor GradScaler::step(torch::optim::Optimizer& optimizer) {
+  if (!options_.enabled()) return optimizer.step();
+  check_scale_created("step");
+  auto& st = state_for(optimizer);
+  TORCH_CHECK(st.stage != Stage::kStepped,
+              "GradScaler.step() has already been called since the last update().");
+  if (auto* asgd = dynamic_cast<torchext::optim::ASGD*>(&optimizer)) {
+    // Sync-free: read-only check, then the fused op unscales on the fly and
+    // skips on the device.
+    const bool unscaled = st.stage == Stage::kUnscaled;
+    if (!unscaled) {
+      at::NoGradGuard no_grad;
+      std::vector<std::pair<c10::Device, torch::Tensor>> found;
+      for (const auto& [device, grads] : grads_by_device(optimizer)) {
+        auto found_inf = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device));
+        check_finite_op().call(grads, found_inf);
+        found.emplace_back(device, std::move(found_inf));
+      }
+      st.found_inf_per_device = std::move(found);
+    }
+    asgd->step_with_amp(unscaled ? torch::Tensor() : scale_, combined_found_inf(st));
+    st.stage = Stage::kStepped;
+    return torch::Tensor();
+  }
+  if (st.stage == Stage::kReady) unscale_(optimizer);
+  TORCH_CHECK(!st.found_inf_per_device.empty(),
+              "GradScaler.step: no inf checks were recorded for this optimizer (no parameter "
+              "has a gradient).");
+  double found = 0.0;
+  for (const auto& [device, f] : st.found_inf_per_device) found += f.item<double>();
+  torch::Tensor ret;
+  if (found == 0.0) ret = optimizer.step();
+  st.stage = Stage::kStepped;
+  return ret;
+}
+
+void GradScaler::update() {
+  if (!options_.enabled()) return;
+  check_scale_created("update");
+  TORCH_CHECK(!per_optimizer_.empty(),
+              "GradScaler.update: no inf checks were recorded prior to update().");
+  auto found_inf = at::zeros({}, scale_.options().dtype(at::kFloat));
+  for (const auto& [opt, st] : per_optimizer_) {
+    for (const auto& [device, f] : st.found_inf_per_device) {
+      found_inf.add_(f.to(scale_.device(), /*non_blocking=*/true));
+    }
+  }
+  update_scale_op().call(scale_, growth_tracker_, hysteresis_tracker_, found_inf,
+                         options_.growth_factor(), options_.backoff_factor(),
+                         options_.growth_interval(), options_.hysteresis(),
+                         options_.min_scale(), options_.max_scale());
+  last_step_skipped_ = found_inf != 0;
+  skipped_steps_.add_(last_step_skipped_);
+  per_optimizer_.clear();
+}
+
+void GradScaler::update(double new_scale) {
+  if (!options_.enabled()) return;
+  check_scale_created("update");
+  TORCH_CHECK_VALUE(new_scale > 0.0, "GradScaler.update: new_scale must be > 0, got ", new_scale);
+  scale_.fill_(new_scale);
+  per_optimizer_.clear();
+}
+
+void GradScaler::update(const torch::Tensor& new_scale) {
+  if (!options_.enabled()) return;
+  check_scale_created("update");
+  TORCH_CHECK_TYPE(new_scale.defined() && new_scale.scalar_type() == at::kFloat &&
+                       new_scale.numel() == 1,
+                   "GradScaler.update: new_scale should be a float32 tensor with a single "
+                   "element (or a double)");
+  scale_.copy_(new_scale.reshape({}));
+  per_optimizer_.clear();
+}
+
+double GradScaler::get_scale() const {
+  if (!options_.enabled()) return 1.0;
+  return scale_.defined() ? scale_.item<double>() : options_.init_scale();
+}
+
+int64_t GradScaler::get_growth_tracker() const {
+  return growth_tracker_.defined() ? growth_tracker_.item<int64_t>() : 0;
+}
+
+int64_t GradScaler::num_skipped_steps() const {
+  return skipped_steps_.defined() ? skipped_steps_.item<int64_t>() : 0;
+}
+
+void GradScaler::save(torch::serialize::OutputArchive& archive) const {
+  archive.write("enabled", c10::IValue(options_.enabled()));
+  if (!options_.enabled()) return;
+  auto cpu = [](const torch::Tensor& t) { return t.to(at::kCPU); };
+  archive.write("scale", scale_.defined() ? cpu(scale_)
+                                          : at::full({}, options_.init_scale(), at::kFloat));
+  archive.write("_growth_tracker", growth_tracker_.defined() ? cpu(growth_tracker_)
+                                                             : at::zeros({}, at::kInt));
+  archive.write("_hysteresis_tracker",
+                hysteresis_tracker_.defined() ? cpu(hysteresis_tracker_)
+                                              : at::full({}, options_.hysteresis(), at::kInt));
+  archive.write("_skipped_steps", skipped_steps_.defined() ? cpu(skipped_steps_)
+                                                           : at::zeros({}, at::kLong));
+  archive.write("growth_factor", c10::IValue(options_.growth_factor()));
+  archive.write("backoff_factor", c10::IValue(options_.backoff_factor()));
+  archive.write("growth_interval", c10::IValue(options_.growth_interval()));
+  archive.write("hysteresis", c10::IValue(options_.hysteresis()));
+  archive.write("min_scale", c10::IValue(options_.min_scale()));
+  archive.write("max_scale", c10::IValue(options_.max_scale()));
+}
+
+void GradScaler::load(torch::serialize::InputArchive& archive) {
+  if (!options_.enabled()) return;
+  c10::IValue enabled;
+  TORCH_CHECK(archive.try_read("enabled", enabled) && enabled.isBool(),
+              "GradScaler.load: the archive is not a torchext GradScaler checkpoint");
+  TORCH_CHECK_VALUE(enabled.toBool(),
+                    "GradScaler.load: the checkpoint was saved from a disabled GradScaler, it "
+                    "holds no state.");
+  // Read everything, check it, then assign.
+  torch::Tensor scale, growth, hyst, skipped;
+  auto read_tensor = [&](const char* key, torch::Tensor& out, at::ScalarType dtype) {
+    c10::IValue v;
+    TORCH_CHECK_VALUE(archive.try_read(key, v) && v.isTensor(), "GradScaler.load: '", key,
+                      "' is missing or not a tensor");
+    out = v.toTensor();
+    TORCH_CHECK_VALUE(out.numel() == 1 && out.scalar_type() == dtype, "GradScaler.load: '", key,
+                      "' must be a 1-element ", dtype, " tensor, got ", out.scalar_type(),
+                      " of shape ", out.sizes());
+    out = out.reshape({});
+  };
+  read_tensor("scale", scale, at::kFloat);
+  read_tensor("_growth_tracker", growth, at::kInt);
+  read_tensor("_hysteresis_tracker", hyst, at::kInt);
+  read_tensor("_skipped_steps", skipped, at::kLong);
+  auto read_value = [&](const char* key) {
+    c10::IValue v;
+    TORCH_CHECK_VALUE(archive.try_read(key, v), "GradScaler.load: '", key, "' is missing");
+    return v;
+  };
+  GradScalerOptions o = options_;
+  o.growth_factor(read_value("growth_factor").toDouble());
+  o.backoff_factor(read_value("backoff_factor").toDouble());
+  o.growth_interval(read_value("growth_interval").toInt());
+  o.hysteresis(read_value("hysteresis").toInt());
+  o.min_scale(read_value("min_scale").toOptional<double>());
+  o.max_scale(read_value("max_scale").toOptional<double>());
+  validate(o);
+  TORCH_CHECK_VALUE(scale.item<float>() > 0.0f, "GradScaler.load: 'scale' must be > 0");
+
+  options_ = o;
+  if (scale_.defined()) {  // keep the device the state lives on
+    scale_.copy_(scale);
+    growth_tracker_.copy_(growth);
+    hysteresis_tracker_.copy_(hyst);
+    skipped_steps_.copy_(skipped);
+  } else {
+    scale_ = scale.clone();
+    growth_tracker_ = growth.clone();
+    hysteresis_tracker_ = hyst.clone();
+    skipped_steps_ = skipped.clone();
+    state_movable_ = true;
+  }
+  per_optimizer_.clear();
+}
+
+torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& archive,
+                                            const GradScaler& scaler) {
+  scaler.save(archive);
+  return archive;
+}
+
+torch::serialize::InputArchive& operator>>(torch::serialize::InputArchive& archive,
+                                           GradScaler& scaler) {
+  scaler.load(archive);
+  return archive;
+}
+
+}  // namespace amp
+}  // namespace torchext
