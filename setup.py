@@ -66,7 +66,9 @@ with_cuda = want_cuda()
 # -fopenmp: at::parallel_for is a header template that only runs in parallel
 # when the calling file is compiled with OpenMP (torch's own libgomp serves it:
 # it is already loaded, under the same soname, when torch is imported).
-cxx_flags = ["-O3", "-std=c++20", "-fvisibility=hidden", "-fopenmp"]
+# -ffp-contract=off: fused multiply-adds only where the kernels ask for them
+# (to round like torch's own kernels; see elementwise_math.h).
+cxx_flags = ["-O3", "-std=c++20", "-fvisibility=hidden", "-fopenmp", "-ffp-contract=off"]
 link_flags = ["-fopenmp"]
 include_dirs = [os.path.join(ROOT, "csrc", "include")]
 cpp_sources = sources("*.cpp", "cpu/*.cpp", "meta/*.cpp")

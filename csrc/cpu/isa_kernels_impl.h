@@ -9,6 +9,7 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
+#include <cmath>
 #include <type_traits>
 
 namespace torchext {
@@ -17,6 +18,25 @@ namespace CPU_CAPABILITY {
 namespace {
 
 using at::vec::Vectorized;
+
+// a * b + c as torch's CPU kernels of this ISA compute `x.add(y, alpha=s)`:
+// vec::fmadd (fused with AVX2/AVX512), and a contracted scalar tail. The
+// build passes -ffp-contract=off so that nothing else gets fused.
+struct IsaMulAdd {
+  template <typename T>
+  Vectorized<T> operator()(const Vectorized<T>& a, const Vectorized<T>& b,
+                           const Vectorized<T>& c) const {
+    return at::vec::fmadd(a, b, c);
+  }
+  template <typename T>
+  T operator()(T a, T b, T c) const {
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+    return std::fma(a, b, c);
+#else
+    return a * b + c;
+#endif
+  }
+};
 
 template <typename T>
 math::ASGDCoeffs<Vectorized<T>> broadcast(const math::ASGDCoeffs<T>& c) {
@@ -40,7 +60,7 @@ void asgd_typed(const ASGDSpan& s) {
     for (; i + Vec::size() <= s.n; i += Vec::size()) {
       Vec vp = Vec::loadu(p + i);
       Vec vax = Vec::loadu(ax + i);
-      math::asgd_update(vp, vax, Vec::loadu(g + i), cv);
+      math::asgd_update(vp, vax, Vec::loadu(g + i), cv, IsaMulAdd{});
       vp.store(p + i);
       vax.store(ax + i);
     }
@@ -50,15 +70,15 @@ void asgd_typed(const ASGDSpan& s) {
       auto [p0, p1] = at::vec::convert_to_float<scalar_t>(Vec::loadu(p + i));
       auto [a0, a1] = at::vec::convert_to_float<scalar_t>(Vec::loadu(ax + i));
       auto [g0, g1] = at::vec::convert_to_float<scalar_t>(Vec::loadu(g + i));
-      math::asgd_update(p0, a0, g0, cv);
-      math::asgd_update(p1, a1, g1, cv);
+      math::asgd_update(p0, a0, g0, cv, IsaMulAdd{});
+      math::asgd_update(p1, a1, g1, cv, IsaMulAdd{});
       at::vec::convert_from_float<scalar_t>(p0, p1).store(p + i);
       at::vec::convert_from_float<scalar_t>(a0, a1).store(ax + i);
     }
   }
   for (; i < s.n; ++i) {
     opmath_t vp = static_cast<opmath_t>(p[i]), vax = static_cast<opmath_t>(ax[i]);
-    math::asgd_update(vp, vax, static_cast<opmath_t>(g[i]), c);
+    math::asgd_update(vp, vax, static_cast<opmath_t>(g[i]), c, IsaMulAdd{});
     p[i] = static_cast<scalar_t>(vp);
     ax[i] = static_cast<scalar_t>(vax);
   }

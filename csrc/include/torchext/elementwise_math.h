@@ -53,25 +53,34 @@ C10_HOST_DEVICE inline ASGDCoeffs<T> make_asgd_coeffs(
   return c;
 }
 
+// a * b + c, rounded after the multiply and after the add.
+struct SeparateMulAdd {
+  template <typename V>
+  C10_HOST_DEVICE V operator()(const V& a, const V& b, const V& c) const {
+    return a * b + c;
+  }
+};
+
 // One ASGD update of one element (or one vector of elements), in place.
-// Same order of operations as torch.optim.ASGD's for-loop path:
-//   g = grad (* inv_scale) ; g = g + wd * p
-//   p = p * (1 - lambd*eta) ; p = p - eta * g
-//   ax = mu == 1 ? p : ax + (p - ax) * mu
-template <typename V, typename C>
-C10_HOST_DEVICE inline void asgd_update(V& p, V& ax, V g, const C& c) {
+// Same order of operations as torch.optim.ASGD's for-loop path. `madd`
+// computes a * b + c where torch computes `x.add(y, alpha=s)`: the CPU
+// launchers pass a fused multiply-add when the ISA has one, because torch's
+// own CPU add kernel then uses vec::fmadd; that keeps fp32 results within
+// an ulp or so of torch's, step after step.
+template <typename V, typename C, typename MulAdd = SeparateMulAdd>
+C10_HOST_DEVICE inline void asgd_update(V& p, V& ax, V g, const C& c, MulAdd madd = {}) {
   if (c.unscale) {
-    g = g * c.inv_scale;
+    g = g * c.inv_scale;                // GradScaler.unscale_: grad * inv_scale
   }
   if (c.has_weight_decay) {
-    g = g + c.weight_decay * p;
+    g = madd(p, c.weight_decay, g);     // grad.add(param, alpha=weight_decay)
   }
-  p = p * c.decay;
-  p = p + c.step_size * g;
+  p = p * c.decay;                      // param.mul_(1 - lambd * eta)
+  p = madd(g, c.step_size, p);          // param.add_(grad, alpha=-eta)
   if (c.average) {
-    ax = ax + (p - ax) * c.mu;
+    ax = ax + (p - ax) * c.mu;          // ax.add_(param.sub(ax).mul_(mu))
   } else {
-    ax = p;
+    ax = p;                             // ax.copy_(param) when mu == 1
   }
 }
 
