@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# A downstream CMake project (examples/cpp) built against torchext with
+# find_package(torchext), then run. Called by ctest:
+#   downstream.sh pip     SRC BUILD PYTHON   # the config in the Python package
+#   downstream.sh install SRC BUILD PYTHON   # `cmake --install` of the CMake build
+# Exit 77 = skipped (ctest SKIP_RETURN_CODE).
+set -euo pipefail
+mode=$1 src=$2 build=$3 python=$4
+work="$build/downstream_$mode"
+rm -rf "$work"
+mkdir -p "$work"
+torch_prefix=$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
+
+case "$mode" in
+  pip)
+    torchext_prefix=$(cd "$src" && "$python" -c 'import torchext; print(torchext.cmake_prefix_path)')
+    lib=$(cd "$src" && "$python" -c 'import torchext; print(torchext.library_path)')
+    if ! nm -DC --defined-only "$lib" | grep -q 'torchext::optim::ASGD::step'; then
+      echo "SKIPPED: $lib was built without the C++ API (TORCHEXT_CPP_API=0)"
+      exit 77
+    fi
+    ;;
+  install)
+    cmake --install "$build" --prefix "$work/prefix" > "$work/install.log"
+    torchext_prefix="$work/prefix"
+    ;;
+  *) echo "unknown mode $mode"; exit 2 ;;
+esac
+
+# A plain configure: the package config finds torch's CUDA hints itself.
+cmake -S "$src/examples/cpp" -B "$work/build" -DCMAKE_BUILD_TYPE=Release \
+  "-DCMAKE_PREFIX_PATH=$torchext_prefix;$torch_prefix" > "$work/configure.log" 2>&1 ||
+  { cat "$work/configure.log"; exit 1; }
+grep -E "torchext|Torch" "$work/configure.log" | head -5 || true
+cmake --build "$work/build" -j2
+# Linked with -Wl,--as-needed in effect? The library must stay NEEDED.
+readelf -d "$work/build/train_example" | grep NEEDED | grep -E "torchext|_C" 
+cd "$work" && ./build/train_example 100
