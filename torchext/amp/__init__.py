@@ -1,1 +1,4 @@
-"""Automatic mixed precision: torchext's GradScaler (filled in by the scaler issue)."""
+"""Automatic mixed precision on torchext's ops: a drop-in ``GradScaler``."""
+from .grad_scaler import GradScaler, OptState
+
+__all__ = ["GradScaler", "OptState"]

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Shared setup for scripts/demo.sh and scripts/test.sh, from a fresh machine:
+# a virtual environment with torch and the build/test tools, then torchext
+# built in place against that torch. Source it; it leaves $PY set.
+#
+#   TORCH_VERSION  torch to install (default 2.14.1: the CUDA 13.0 build,
+#                  so the CUDA kernels compile too; 2.13.0 is the CPU build)
+#   VENV           where the environment lives (default .venv-$TORCH_VERSION)
+#   TORCHEXT_CUDA  0/1 to force the CUDA kernels off/on (default: auto)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+TORCH_VERSION=${TORCH_VERSION:-2.14.1}
+VENV=${VENV:-.venv-$TORCH_VERSION}
+PYTHON_BIN=${PYTHON_BIN:-python3}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "== creating $VENV"
+  "$PYTHON_BIN" -m venv "$VENV"
+fi
+PY="$PWD/$VENV/bin/python"
+if ! "$PY" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
+  echo "== installing torch==$TORCH_VERSION and tools into $VENV"
+  "$PY" -m pip install -q --upgrade pip setuptools wheel
+  "$PY" -m pip install -q "torch==$TORCH_VERSION" ninja pytest expecttest
+fi
+
+# nvcc lives here on these machines; torch's own guess (/usr/local) has no headers.
+if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export CUDA_HOME=/usr/local/cuda
+fi
+export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+
+# Rebuild when the library is missing or was built against another torch.
+if ! "$PY" -c "import torchext" >/dev/null 2>&1; then
+  echo "== building torchext against torch $TORCH_VERSION"
+  rm -rf build torchext/_C*.so torchext/_build_info.py
+  "$PY" -m pip install -q --no-build-isolation --no-deps -e .
+fi
+"$PY" -c "import torchext; print('torchext', torchext.__version__, torchext.build_info)"
