@@ -14,6 +14,7 @@ import os
 import shutil
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py as _build_py
 
 # torch.utils.cpp_extension reads CUDA_HOME when imported; its own guess on
 # these machines is /usr/local, which has no CUDA headers.
@@ -62,6 +63,22 @@ def write_build_info(with_cuda, archs):
         f.write(f"CUDA_ARCHS = {archs!r}\n")
 
 
+class build_py(_build_py):
+    """Also ships the C++ headers, as torchext/include/torchext/**/*.h, so that
+    find_package(torchext) against an installed wheel (torchext.cmake_prefix_path,
+    share/cmake/torchext/torchextConfig.cmake) finds them. An in-place build
+    uses csrc/include directly."""
+
+    def run(self):
+        super().run()
+        src = os.path.join(ROOT, "csrc", "include", "torchext")
+        dst = os.path.join(self.build_lib, "torchext", "include", "torchext")
+        for path in glob.glob(os.path.join(src, "**", "*.h"), recursive=True):
+            target = os.path.join(dst, os.path.relpath(path, src))
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.copyfile(path, target)
+
+
 with_cuda = want_cuda()
 # -fopenmp: at::parallel_for is a header template that only runs in parallel
 # when the calling file is compiled with OpenMP (torch's own libgomp serves it:
@@ -108,7 +125,7 @@ setup(
     packages=find_packages(include=["torchext", "torchext.*"]),
     package_data={"torchext": ["share/cmake/torchext/*.cmake", "include/torchext/**/*.h"]},
     ext_modules=[ext],
-    cmdclass={"build_ext": BuildExtension},
+    cmdclass={"build_ext": BuildExtension, "build_py": build_py},
     options={"bdist_wheel": {"py_limited_api": "cp39"}},
     python_requires=">=3.9",
     install_requires=["torch>=2.13"],

@@ -15,7 +15,8 @@ case "$mode" in
   pip)
     torchext_prefix=$(cd "$src" && "$python" -c 'import torchext; print(torchext.cmake_prefix_path)')
     lib=$(cd "$src" && "$python" -c 'import torchext; print(torchext.library_path)')
-    if ! nm -DC --defined-only "$lib" | grep -q 'torchext::optim::ASGD::step'; then
+    symbols=$(nm -DC --defined-only "$lib")
+    if ! grep -q 'torchext::optim::ASGD::step' <<< "$symbols"; then
       echo "SKIPPED: $lib was built without the C++ API (TORCHEXT_CPP_API=0)"
       exit 77
     fi
@@ -28,7 +29,9 @@ case "$mode" in
 esac
 
 # A plain configure: the package config finds torch's CUDA hints itself.
+# --as-needed as on Ubuntu-like toolchains: the ops library must stay linked.
 cmake -S "$src/examples/cpp" -B "$work/build" -DCMAKE_BUILD_TYPE=Release \
+  "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--as-needed" \
   "-DCMAKE_PREFIX_PATH=$torchext_prefix;$torch_prefix" > "$work/configure.log" 2>&1 ||
   { cat "$work/configure.log"; exit 1; }
 grep -E "torchext|Torch" "$work/configure.log" | head -5 || true
