@@ -10,6 +10,8 @@ from typing import Any, Iterable
 import torch
 from torch import Tensor
 
+from ..optim._dtensor import to_local
+
 __all__ = ["GradScaler", "OptState"]
 
 STATE_DICT_VERSION = 1
@@ -28,9 +30,16 @@ def _refresh_per_optimizer_state() -> dict[str, Any]:
 def _grads_by_device(optimizer, allow_fp16: bool) -> dict[torch.device, list[Tensor]]:
     """The optimizer's gradients, grouped by device (sparse ones by values)."""
     out: dict[torch.device, list[Tensor]] = defaultdict(list)
-    for group in optimizer.param_groups:
+    # torchext optimizers expose their groups as `_groups` too: reading
+    # `param_groups` inside torch.compile triggers Dynamo's optimizer
+    # special-casing (see torchext.optim.ASGD._refresh_views).
+    groups = optimizer._current_groups() if hasattr(optimizer, "_current_groups") \
+        else optimizer.param_groups
+    for group in groups:
         for param in group["params"]:
-            grad = param.grad
+            # DTensor (FSDP2) grads: the ops check/unscale this rank's shard;
+            # found_inf is then all-reduced over process_group.
+            grad = to_local(param.grad) if param.grad is not None else None
             if grad is None:
                 continue
             if not allow_fp16 and grad.dtype == torch.float16:

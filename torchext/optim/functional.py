@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import _dtensor
+
 __all__ = ["asgd", "fused_supported"]
 
 _FUSED_DEVICES = ("cpu", "cuda", "meta")
@@ -58,6 +60,9 @@ def asgd(
     if fused:
         if differentiable:
             raise RuntimeError("`fused` does not support `differentiable`")
+        # DTensor (FSDP2) params: the op runs on the local shards (see _dtensor.py).
+        params, grads, axs, mus, etas, state_steps = _dtensor.to_local_lists(
+            params, grads, axs, mus, etas, state_steps)
         _fused_asgd(params, grads, axs, mus, etas, state_steps, lr=lr, lambd=lambd,
                     alpha=alpha, t0=t0, weight_decay=weight_decay, maximize=maximize,
                     grad_scale=grad_scale, found_inf=found_inf)
