@@ -81,12 +81,55 @@ class ASGD(Optimizer):
         defaults = dict(lr=lr, lambd=lambd, alpha=alpha, t0=t0, weight_decay=weight_decay,
                         foreach=foreach, maximize=maximize, differentiable=differentiable,
                         capturable=capturable, fused=fused)
+        self._groups: list[dict[str, Any]] = []
         super().__init__(params, defaults)
         if fused:
             for group in self.param_groups:
                 if not F.fused_supported(group["params"]):
                     raise RuntimeError(
                         "`fused=True` requires all the params to be on CPU or CUDA devices")
+
+    # torch.optim.ASGD's name for _gather_group, for code that calls it.
+    def _init_group(self, group, params, grads, mus, axs, etas, state_steps) -> bool:
+        return self._gather_group(group, params, grads, mus, axs, etas, state_steps)
+
+    def _refresh_views(self) -> None:
+        # step/zero_grad (and torchext's GradScaler) walk `_groups`, the very
+        # same list object as `param_groups`, under another name. Dynamo
+        # intercepts the attribute `param_groups` of optimizers: it flips
+        # `capturable` to True in the user's groups on CUDA, and in a
+        # fullgraph step with an in-graph backward, clearing grads through
+        # it silently hands the next step no gradients (nothing updates).
+        self._groups = self.param_groups
+
+    def _current_groups(self) -> list[dict[str, Any]]:
+        if not torch.compiler.is_compiling() and self._groups is not self.param_groups:
+            self._refresh_views()  # the user replaced the list itself
+        return self._groups
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        super().add_param_group(param_group)
+        self._refresh_views()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Resets the gradients of all optimized tensors, as torch's
+        ``Optimizer.zero_grad``, but traceable by ``torch.compile`` (torch's
+        is marked ``_disable_dynamo``)."""
+        for group in self._current_groups():
+            for p in group["params"]:
+                self._zero_one_grad(p, set_to_none)
+
+    @staticmethod
+    def _zero_one_grad(p: Tensor, set_to_none: bool) -> None:
+        if p.grad is not None:
+            if set_to_none:
+                p.grad = None
+            else:
+                if p.grad.grad_fn is not None:
+                    p.grad.detach_()
+                else:
+                    p.grad.requires_grad_(False)
+                p.grad.zero_()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
@@ -96,6 +139,8 @@ class ASGD(Optimizer):
             group.setdefault("differentiable", False)
             group.setdefault("capturable", False)
             group.setdefault("fused", None)
+        self._refresh_views()
+        for group in self.param_groups:
             for p in group["params"]:
                 p_state = self.state.get(p, {})
                 for key in _SCALAR_KEYS:
@@ -104,10 +149,14 @@ class ASGD(Optimizer):
                         p_state[key] = torch.tensor(float(p_state[key]), dtype=_scalar_dtype(),
                                                     device=p.device)
 
-    def _init_group(self, group, params, grads, mus, axs, etas, state_steps) -> bool:
-        """Collects the params with grads and their state (created lazily),
-        with the same signature as torch.optim.ASGD._init_group (Dynamo runs
-        it eagerly at trace time, as it does for torch's optimizers)."""
+    def _gather_group(self, group, params, grads, mus, axs, etas, state_steps) -> bool:
+        """Collects the params with grads and their state (created lazily).
+
+        Deliberately not named ``_init_group``: Dynamo intercepts that name on
+        optimizers and forces a graph break when the same compiled function
+        ran ``backward()`` (a "pending mutation" on the params' grads), so
+        torch's own optimizers cannot share a graph with the backward pass.
+        Traced normally, this loop compiles into the same graph."""
         has_complex = False
         for p in group["params"]:
             if p.grad is None:
@@ -146,15 +195,15 @@ class ASGD(Optimizer):
         grad_scale = getattr(self, "grad_scale", None)
         found_inf = getattr(self, "found_inf", None)
         with torch.set_grad_enabled(self.defaults["differentiable"]):
-            for group in self.param_groups:
+            for group in self._current_groups():
                 params: list[Tensor] = []
                 grads: list[Tensor] = []
                 mus: list[Tensor] = []
                 axs: list[Tensor] = []
                 etas: list[Tensor] = []
                 state_steps: list[Tensor] = []
-                has_complex = self._init_group(group, params, grads, mus, axs, etas,
-                                               state_steps)
+                has_complex = self._gather_group(group, params, grads, mus, axs, etas,
+                                                 state_steps)
                 F.asgd(params, grads, axs, mus, etas, state_steps,
                        foreach=group["foreach"], maximize=group["maximize"],
                        differentiable=group["differentiable"], capturable=group["capturable"],
