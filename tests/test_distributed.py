@@ -1,0 +1,358 @@
+"""torchext under torch.distributed: DDP, FSDP2 (DTensor parameters), found_inf
+synchronised across ranks, and distributed checkpoints.
+
+Every test spawns 2 CPU processes on the gloo backend (loopback only) and
+compares them with single-process torch (``torch.optim.ASGD`` +
+``torch.amp.GradScaler``) on the same global batch. Each spawn runs under a
+deadline and gloo collectives under a timeout, so a hang fails the test
+instead of the suite.
+"""
+import datetime
+import os
+import socket
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
+
+import torch.multiprocessing as mp  # noqa: E402
+
+import torchext  # noqa: E402
+
+WORLD = 2
+SPAWN_TIMEOUT_S = 60
+HP = dict(lr=0.05, lambd=1e-3, alpha=0.75, t0=3.0, weight_decay=1e-3)  # t0 small: mu < 1 soon
+SCALER = dict(init_scale=2.0**10, growth_interval=3)
+GLOBAL_BATCH = 16
+
+
+# ------------------------------------------------------------------ harness
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, world, port, scenario, tmpdir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                      RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    if os.path.isdir("/sys/class/net/lo"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=SPAWN_TIMEOUT_S // 2))
+    try:
+        SCENARIOS[scenario](rank, world, tmpdir)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(scenario, tmp_path):
+    ctx = mp.start_processes(_entry, args=(WORLD, _free_port(), scenario, str(tmp_path)),
+                             nprocs=WORLD, join=False, start_method="spawn")
+    deadline = time.monotonic() + SPAWN_TIMEOUT_S
+    while not ctx.join(timeout=1.0):  # raises with the worker's traceback on failure
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+            pytest.fail(f"{scenario}: {WORLD} ranks did not finish in {SPAWN_TIMEOUT_S} s")
+
+
+# ------------------------------------------------------------ model and data
+
+def _model():
+    torch.manual_seed(0)
+    # Linear(3, 1) gives FSDP2 uneven shards: rank 1 holds an empty one.
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3),
+                               torch.nn.Tanh(), torch.nn.Linear(3, 1))
+
+
+def _batch(step):
+    g = torch.Generator().manual_seed(1000 + step)
+    return torch.randn(GLOBAL_BATCH, 6, generator=g), torch.randn(GLOBAL_BATCH, 1, generator=g)
+
+
+def _local(t, rank, world):
+    n = t.shape[0] // world
+    return t[rank * n:(rank + 1) * n]
+
+
+def _reference(steps, inject=None):
+    """Single process, torch's ASGD and GradScaler on the global batch.
+    inject(step, named_grads) may poison gradients (full tensors)."""
+    model = _model()
+    opt = torch.optim.ASGD(model.parameters(), foreach=False, **HP)
+    scaler = torch.amp.GradScaler("cpu", **SCALER)
+    for step in range(steps):
+        x, y = _batch(step)
+        opt.zero_grad()
+        scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+        if inject is not None:
+            inject(step, dict(model.named_parameters()))
+        scaler.step(opt)
+        scaler.update()
+    return model, opt, scaler
+
+
+def _full(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _fsdp_model(world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    model = _model()
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _torchext(model):
+    opt = torchext.optim.ASGD(model.parameters(), **HP)
+    scaler = torchext.amp.GradScaler(process_group=dist.group.WORLD, **SCALER)
+    return opt, scaler
+
+
+def _train_step(model, opt, scaler, step, rank, world, inject=None, clip=False):
+    x, y = _batch(step)
+    opt.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(_local(x, rank, world)), _local(y, rank, world))
+    scaler.scale(loss).backward()
+    if inject is not None:
+        inject(step, rank, model)
+    if clip:
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1e3)
+    scaler.step(opt)
+    scaler.update()
+
+
+def _assert_matches_reference(model, opt, scaler, ref_model, ref_opt, ref_scaler):
+    ref_params = dict(ref_model.named_parameters())
+    for name, p in model.named_parameters():
+        name = name.removeprefix("module.")
+        ref = ref_params[name]
+        torch.testing.assert_close(_full(p.detach()), ref.detach(), rtol=2e-5, atol=1e-6,
+                                   msg=lambda m: f"{name}: {m}")
+        st, ref_st = opt.state[p], ref_opt.state[ref]
+        torch.testing.assert_close(_full(st["ax"]), ref_st["ax"], rtol=2e-5, atol=1e-6,
+                                   msg=lambda m: f"{name} ax: {m}")
+        for key in ("step", "eta", "mu"):
+            assert not hasattr(st[key], "full_tensor"), f"{key} should be a plain tensor"
+            torch.testing.assert_close(st[key], ref_st[key].to(st[key].dtype), rtol=1e-6,
+                                       atol=0, msg=lambda m: f"{name} {key}: {m}")
+    assert scaler.get_scale() == ref_scaler.get_scale()
+    assert scaler._get_growth_tracker() == ref_scaler._get_growth_tracker()
+
+
+def _assert_same_on_all_ranks(t):
+    t = t.detach().reshape(-1).float()
+    gathered = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, t)
+    for other in gathered[1:]:
+        assert torch.equal(other, gathered[0]), gathered
+
+
+# ---------------------------------------------------------------- scenarios
+
+STEPS = 8
+
+
+def _scenario_ddp(rank, world, tmpdir):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(_model())
+    opt, scaler = _torchext(model)
+    for step in range(STEPS):
+        _train_step(model, opt, scaler, step, rank, world)
+    _assert_matches_reference(model, opt, scaler, *_reference(STEPS))
+
+
+def _scenario_fsdp(rank, world, tmpdir):
+    from torch.distributed.tensor import DTensor
+
+    model = _fsdp_model(world)
+    opt, scaler = _torchext(model)
+    assert all(isinstance(p, DTensor) for p in model.parameters())
+    for step in range(STEPS):
+        _train_step(model, opt, scaler, step, rank, world, clip=step % 3 == 1)
+    for p in model.parameters():
+        ax = opt.state[p]["ax"]
+        assert isinstance(ax, DTensor) and ax.placements == p.placements
+    _assert_matches_reference(model, opt, scaler, *_reference(STEPS))
+
+
+# One rank only sees the overflow: step 2 on rank 1 (fused path), step 4 on
+# rank 0 after unscale_ (clipping path). The full-tensor element poisoned in
+# the reference is the one the rank holds in its shard.
+_POISON = {2: (1, float("inf")), 4: (0, float("nan"))}
+
+
+def _poison_local(step, rank, model):
+    if step in _POISON and _POISON[step][0] == rank:
+        grad = model[0].weight.grad.to_local()
+        grad[0, 0] = _POISON[step][1]
+
+
+def _poison_full(step, named):
+    if step in _POISON:
+        owner = _POISON[step][0]
+        rows = named["0.weight"].shape[0] // WORLD
+        named["0.weight"].grad[owner * rows, 0] = _POISON[step][1]
+
+
+class _NoHostSync:
+    """Fails on Tensor.item() (the host sync a skip decision must not take)."""
+
+    def __enter__(self):
+        self._item = torch.Tensor.item
+
+        def item(t):
+            raise AssertionError("host sync (Tensor.item) in scaler.step/update")
+        torch.Tensor.item = item
+
+    def __exit__(self, *exc):
+        torch.Tensor.item = self._item
+
+
+def _scenario_overflow(rank, world, tmpdir):
+    model = _fsdp_model(world)
+    opt, scaler = _torchext(model)
+    for step in range(STEPS):
+        before = [t.detach().clone() for p in model.parameters()
+                  for t in (p.to_local(), *(opt.state[p].values() if p in opt.state else ()))]
+        x, y = _batch(step)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(_local(x, rank, world)), _local(y, rank, world))
+        scaler.scale(loss).backward()
+        _poison_local(step, rank, model)
+        clip = step == 4
+        if clip:
+            with _NoHostSync():
+                scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1e3)
+        with _NoHostSync():
+            scaler.step(opt)
+            scaler.update()
+        skipped = step in _POISON
+        assert bool(scaler.last_step_skipped) == skipped, (rank, step)
+        _assert_same_on_all_ranks(scaler._scale)
+        _assert_same_on_all_ranks(scaler._growth_tracker)
+        if skipped:
+            after = [t.detach() for p in model.parameters()
+                     for t in (p.to_local(), *opt.state[p].values())]
+            assert all(torch.equal(a, b) for a, b in zip(before, after)), \
+                f"rank {rank} changed its shards on skipped step {step}"
+    assert scaler.num_skipped_steps() == len(_POISON)
+    _assert_matches_reference(model, opt, scaler, *_reference(STEPS, inject=_poison_full))
+
+
+def _checkpoint_state(model, opt, scaler):
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, opt)
+    return {"model": model_sd, "optim": optim_sd, "scaler": scaler.state_dict()}
+
+
+def _snapshot(model, opt, scaler):
+    out = {name: _full(p.detach()).clone() for name, p in model.named_parameters()}
+    for name, p in model.named_parameters():
+        for key, v in opt.state[p].items():
+            out[f"{name}.{key}"] = _full(v).clone()
+    out.update(scale=scaler._scale.clone(), growth=scaler._growth_tracker.clone(),
+               skipped=scaler._skipped_steps.clone())
+    return out
+
+
+def _scenario_checkpoint(rank, world, tmpdir):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+    from torch.distributed.tensor import DTensor
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    save_at, total = 4, 8
+    for kind in ("fsdp", "ddp"):
+        def build():
+            return _fsdp_model(world) if kind == "fsdp" else DDP(_model())
+
+        path = os.path.join(tmpdir, kind)
+        model = build()
+        opt, scaler = _torchext(model)
+        for step in range(total):
+            if step == save_at:
+                dcp.save(_checkpoint_state(model, opt, scaler), checkpoint_id=path)
+            _train_step(model, opt, scaler, step, rank, world,
+                        inject=_poison_local if kind == "fsdp" else None)
+        expected = _snapshot(model, opt, scaler)
+
+        # A fresh run, different initial weights and scale: all must come from the checkpoint.
+        with torch.random.fork_rng():
+            torch.manual_seed(123)
+            model = build()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.fill_(0.5)
+        opt = torchext.optim.ASGD(model.parameters(), **HP)
+        scaler = torchext.amp.GradScaler(process_group=dist.group.WORLD, init_scale=7.0)
+        state = _checkpoint_state(model, opt, scaler)
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(model, opt, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+        scaler.load_state_dict(state["scaler"])
+        for p in model.parameters():
+            st = opt.state[p]
+            assert isinstance(st["ax"], DTensor) == (kind == "fsdp")
+            assert not isinstance(st["step"], DTensor) and st["step"].dtype == torch.float32
+            assert st["step"].item() == save_at - (kind == "fsdp")  # one step was skipped
+        for step in range(save_at, total):
+            _train_step(model, opt, scaler, step, rank, world,
+                        inject=_poison_local if kind == "fsdp" else None)
+        got = _snapshot(model, opt, scaler)
+        assert got.keys() == expected.keys()
+        for key in expected:
+            assert torch.equal(got[key], expected[key]), f"{kind} {key} differs after resume"
+        assert scaler.num_skipped_steps() == (len(_POISON) if kind == "fsdp" else 0)
+
+
+SCENARIOS = {
+    "ddp": _scenario_ddp,
+    "fsdp": _scenario_fsdp,
+    "overflow": _scenario_overflow,
+    "checkpoint": _scenario_checkpoint,
+}
+
+
+# -------------------------------------------------------------------- tests
+
+def test_ddp_matches_single_process(tmp_path):
+    """DDP on 2 ranks, torchext ASGD + GradScaler == torch on the global batch."""
+    _spawn("ddp", tmp_path)
+
+
+def test_fsdp2_matches_single_process(tmp_path):
+    """FSDP2 (DTensor params, uneven and empty shards, unscale_ + clipping on
+    some steps) == torch on the global batch; ax is sharded like the param."""
+    _spawn("fsdp", tmp_path)
+
+
+def test_one_rank_overflow_skips_on_every_rank(tmp_path):
+    """An inf/NaN in one rank's gradient shard makes every rank skip the step
+    and back off the scale identically, with no Tensor.item() in the scaler."""
+    _spawn("overflow", tmp_path)
+
+
+def test_checkpoint_resume_continues_identically(tmp_path):
+    """torch.distributed.checkpoint of model + optimizer + scaler on 2 ranks
+    (FSDP2 and DDP) resumes bit-for-bit."""
+    _spawn("checkpoint", tmp_path)
