@@ -53,9 +53,20 @@ def _entry(rank, world, port, scenario, tmpdir):
         dist.destroy_process_group()
 
 
+def _start_method():
+    # forkserver: the ranks are forked from a clean server process that
+    # imported torch once for all the tests (not from pytest's process, whose
+    # OpenMP pool a fork would break); spawn where there is no forkserver.
+    if "forkserver" not in mp.get_all_start_methods():
+        return "spawn"
+    mp.set_forkserver_preload(["torch", "torchext", "torch.distributed.fsdp",
+                               "torch.distributed.checkpoint", "torch.nn.parallel", __name__])
+    return "forkserver"
+
+
 def _spawn(scenario, tmp_path):
     ctx = mp.start_processes(_entry, args=(WORLD, _free_port(), scenario, str(tmp_path)),
-                             nprocs=WORLD, join=False, start_method="spawn")
+                             nprocs=WORLD, join=False, start_method=_start_method())
     deadline = time.monotonic() + SPAWN_TIMEOUT_S
     while not ctx.join(timeout=1.0):  # raises with the worker's traceback on failure
         if time.monotonic() > deadline:
