@@ -177,9 +177,8 @@ def _patch_method(obj: Any, name: str, make) -> None:
     """Replaces ``obj.<name>`` by a bound method made by ``make(call_inner)``.
 
     ``call_inner(self, *args, **kwargs)`` calls what was there before: an
-    instance attribute (e.g. torch's LR-scheduler step counter) or the class's
-    method. A bound method (not a plain function) keeps torch's LR scheduler
-    able to wrap it later, and ``copy.deepcopy`` rebinds it to the copy."""
+    instance attribute or the class's method. A bound method (not a closure
+    over ``obj``) is rebound to the copy by ``copy.deepcopy``."""
     previous = obj.__dict__.get(name)
     if previous is not None:
         def call_inner(self, *args, **kwargs):
@@ -190,10 +189,6 @@ def _patch_method(obj: Any, name: str, make) -> None:
         def call_inner(self, *args, **kwargs):
             return cls_fn(self, *args, **kwargs)
     fn = make(call_inner, previous)
-    if previous is not None and hasattr(previous, "_wrapped_by_lr_sched"):
-        # The LR scheduler's counter is inside: do not make it warn that
-        # step() was overridden after it was created.
-        fn._wrapped_by_lr_sched = True
     setattr(obj, name, types.MethodType(fn, obj))
 
     def undo():
@@ -266,68 +261,115 @@ def _patch_forward(model: torch.nn.Module, *, autocast: bool, autocast_dtype, in
     _patch_method(model, "forward", make)
 
 
-def _patch_optimizer(optimizer: torch.optim.Optimizer) -> None:
-    stash = optimizer._torchext_amp
-
-    def make_step(call_inner, previous):
-        def step(self, *args, **kwargs):
-            if stash.grads_are_scaled:
-                raise RuntimeError(
-                    "optimizer.step() was called while the gradients are still scaled by "
-                    "amp.scale_loss(..., delay_unscale=True). The last backward before a step "
-                    "must use delay_unscale=False (the default), which unscales them.")
-            pending, stash.pending = stash.pending, None
-            if pending is not None and (args or "closure" in kwargs):
-                raise RuntimeError(
-                    "Closures are not supported with amp loss scaling (as in apex). Call "
-                    "optimizer.step() without a closure after the amp.scale_loss block.")
-            if pending is None:
-                out = call_inner(self, *args, **kwargs)
-            elif stash.device_skip:
-                # The optimizer skips on the device when found_inf != 0 (the
-                # grads are already unscaled, so no grad_scale): no host sync.
-                self.found_inf = pending
-                try:
-                    out = call_inner(self, *args, **kwargs)
-                finally:
-                    del self.found_inf
-                if _amp_state.verbosity >= 2 and pending.item():
-                    print("torchext.amp: gradient overflow, step skipped")
-            elif pending.item():  # one host sync, as apex and torch's GradScaler
-                out = None
-                if _amp_state.verbosity >= 1:
-                    print("torchext.amp: gradient overflow, skipping step; loss scale(s) now "
-                          + ", ".join(f"{s.loss_scale():g}" for s in _amp_state.loss_scalers))
-                if previous is not None and hasattr(previous, "_wrapped_by_lr_sched"):
-                    # The scheduler created before amp.initialize counts calls of the step
-                    # it wrapped; this call did not reach it but is a step() all the same.
-                    self._opt_called = True
-            else:
-                out = call_inner(self, *args, **kwargs)
-            if stash.master_pairs:
-                with torch.no_grad():
-                    for p, master in stash.master_pairs:
-                        p.copy_(master)  # rounded to the model's dtype
-                        master.grad = None  # consumed; remade from the model's grad next backward
-            return out
-        return step
-
-    _patch_method(optimizer, "step", make_step)
-
+def _amp_step(self, *args, **kwargs):
+    """``step()`` of an optimizer given to ``amp.initialize``: skips after an
+    overflow, and in O2 copies the masters back into the model."""
+    stash: _OptStash = self._torchext_amp
+    base = type(self)._torchext_amp_base
+    if stash.grads_are_scaled:
+        raise RuntimeError(
+            "optimizer.step() was called while the gradients are still scaled by "
+            "amp.scale_loss(..., delay_unscale=True). The last backward before a step "
+            "must use delay_unscale=False (the default), which unscales them.")
+    pending, stash.pending = stash.pending, None
+    if pending is not None and (args or kwargs.get("closure") is not None):
+        raise RuntimeError(
+            "Closures are not supported with amp loss scaling (as in apex). Call "
+            "optimizer.step() without a closure after the amp.scale_loss block.")
+    if pending is None:
+        out = base.step(self, *args, **kwargs)
+    elif stash.device_skip:
+        # The optimizer skips on the device when found_inf != 0 (the grads
+        # are already unscaled, so no grad_scale): no host sync.
+        self.found_inf = pending
+        try:
+            out = base.step(self, *args, **kwargs)
+        finally:
+            del self.found_inf
+        if _amp_state.verbosity >= 2 and pending.item():
+            print("torchext.amp: gradient overflow, step skipped")
+    elif pending.item():  # one host sync, as apex and torch's GradScaler
+        out = None  # skipped; an LR scheduler's wrapper (outside) still saw the call
+        if getattr(base.step, "_wrapped_by_lr_sched", False):
+            # This optimizer records the call for LR schedulers in its own
+            # step() (so they do not wrap it), which did not run: record it.
+            self._opt_called = True
+        if _amp_state.verbosity >= 1:
+            print("torchext.amp: gradient overflow, skipping step; loss scale(s) now "
+                  + ", ".join(f"{s.loss_scale():g}" for s in _amp_state.loss_scalers))
+    else:
+        out = base.step(self, *args, **kwargs)
     if stash.master_pairs:
-        def make_zero_grad(call_inner, previous):
-            def zero_grad(self, set_to_none: bool = True):
-                call_inner(self, set_to_none)
-                for p in stash.model_half_params():
-                    if p.grad is not None:
-                        if set_to_none:
-                            p.grad = None
-                        else:
-                            p.grad.detach_()
-                            p.grad.zero_()
-            return zero_grad
+        with torch.no_grad():
+            for p, master in stash.master_pairs:
+                p.copy_(master)  # rounded to the model's dtype
+                master.grad = None  # consumed; remade from the model's grad next backward
+    return out
 
-        _patch_method(optimizer, "zero_grad", make_zero_grad)
+
+def _amp_zero_grad(self, set_to_none: bool = True):
+    """``zero_grad()`` that also clears the model's half grads in O2 (the
+    optimizer itself holds the fp32 masters), as apex."""
+    type(self)._torchext_amp_base.zero_grad(self, set_to_none)
+    for p in self._torchext_amp.model_half_params():
+        if p.grad is not None:
+            if set_to_none:
+                p.grad = None
+            else:
+                p.grad.detach_()
+                p.grad.zero_()
+
+
+def _step_tracked_for_lr_scheduler(self, *args, **kwargs):
+    # What torch's LR-scheduler wrapper does, through amp's step.
+    self._opt_called = True
+    return type(self).step(self, *args, **kwargs)
+
+
+_step_tracked_for_lr_scheduler._wrapped_by_lr_sched = True
+
+_AMP_CLASSES: dict[type, type] = {}
+
+
+def _amp_class(cls: type) -> type:
+    """A subclass of the optimizer's class with amp's step/zero_grad. A class
+    (not an instance attribute) so that torch's LR scheduler, which wraps
+    ``opt.step`` on the instance, and optimizers that route that wrapper to
+    ``type(self).step`` (torchext's ASGD) all go through it."""
+    sub = _AMP_CLASSES.get(cls)
+    if sub is None:
+        @functools.wraps(_amp_step)
+        def step(self, *args, **kwargs):
+            return _amp_step(self, *args, **kwargs)
+
+        if getattr(cls.step, "_wrapped_by_lr_sched", False):
+            step._wrapped_by_lr_sched = True  # as the base: schedulers need not wrap it
+        sub = type(cls.__name__, (cls,), {
+            "step": step, "zero_grad": _amp_zero_grad, "_torchext_amp_base": cls,
+            "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+        _AMP_CLASSES[cls] = sub
+    return sub
+
+
+def _patch_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    previous = optimizer.__dict__.get("step")
+    if previous is not None and not hasattr(previous, "_wrapped_by_lr_sched"):
+        raise RuntimeError(
+            "optimizer.step was replaced on this optimizer instance before amp.initialize; amp "
+            "cannot see through it. Call amp.initialize first and replace or wrap step after.")
+    base = type(optimizer)
+    optimizer.__class__ = _amp_class(base)
+    if previous is not None:
+        # An LR scheduler made before amp.initialize: its wrapper calls the
+        # class's step it saw, not amp's. Count the call the same way, via amp.
+        optimizer.step = types.MethodType(_step_tracked_for_lr_scheduler, optimizer)
+
+    def undo():
+        optimizer.__class__ = base
+        if previous is not None:
+            optimizer.__dict__["step"] = previous
+
+    _amp_state.undo.append(undo)
 
 
 # ---------------------------------------------------------------- initialize
