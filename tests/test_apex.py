@@ -681,6 +681,59 @@ def test_register_float_function_inside_o1_model():
     assert model(data()[0]).dtype == torch.float32
 
 
+def test_cast_decorators():
+    @amp.half_function
+    def h(a):
+        return a.dtype
+
+    @amp.float_function
+    def f(a):
+        return a.dtype
+
+    @amp.promote_function
+    def pr(a, b):
+        return a.dtype, b.dtype
+
+    x32, x16 = torch.ones(2), torch.ones(2, dtype=torch.bfloat16)
+    assert (h(x32), f(x16), pr(x32, x16)) == (torch.float32, torch.bfloat16,
+                                              (torch.float32, torch.bfloat16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert (h(x32), f(x16), pr(x32, x16)) == (torch.bfloat16, torch.float32,
+                                                  (torch.float32, torch.float32))
+
+
+def test_o2_casts_nested_inputs():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(6, 3)
+
+        def forward(self, batch):
+            x, idx = batch["x"][0], batch["idx"]
+            assert x.dtype == torch.float16 and idx.dtype == torch.int64
+            return {"out": self.lin(x)[idx], "aux": [x.sum()]}
+
+    model = amp.initialize(Net(), opt_level="O2", verbosity=0)
+    out = model({"x": [data()[0]], "idx": torch.tensor([0, 2])})
+    assert out["out"].dtype == torch.float32 and out["aux"][0].dtype == torch.float32
+
+
+def test_failed_block_restores_grads():
+    model = plain_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    model, opt = amp.initialize(model, opt, opt_level="O1", verbosity=0)
+    x, y = data()
+    with amp.scale_loss(F.mse_loss(model(x), y), opt) as scaled:
+        scaled.backward()
+    kept = [p.grad.clone() for p in model.parameters()]
+    with pytest.raises(ValueError):
+        with amp.scale_loss(F.mse_loss(model(x), y), opt) as scaled:
+            scaled.backward()
+            raise ValueError("user error in the block")
+    assert all(torch.equal(p.grad, k) for p, k in zip(model.parameters(), kept))
+    opt.step()  # still works
+
+
 # -------------------------------------------------------------- example
 
 def test_example_runs(capsys):

@@ -42,7 +42,8 @@ from .grad_scaler import GradScaler
 __all__ = [
     "initialize", "scale_loss", "master_params", "state_dict", "load_state_dict",
     "disable_casts", "register_half_function", "register_float_function",
-    "register_promote_function", "reset",
+    "register_promote_function", "half_function", "float_function", "promote_function",
+    "reset",
 ]
 
 _OPT_LEVELS = ("O0", "O1", "O2", "O3")
@@ -209,8 +210,9 @@ def _model_device_type(model: torch.nn.Module) -> str:
 
 
 def _default_autocast_dtype(device_type: str) -> torch.dtype:
-    # CPU: bf16, autocast's CPU default. Its op lists and kernels are made for
-    # bf16, and bf16 has fp32's exponent range, so O1 cannot overflow there.
+    # CPU: bf16, autocast's CPU default: its op lists and fast kernels are made
+    # for bf16 (fp16 on CPU is slow and less covered), and bf16 has fp32's
+    # exponent range, so O1 grads overflow no more often than in fp32.
     if device_type == "cpu":
         return torch.bfloat16
     if device_type == "cuda":
@@ -225,7 +227,8 @@ def _apply(value, fn):
     if isinstance(value, (str, bytes)):
         return value
     if isinstance(value, dict):
-        return type(value)((k, _apply(v, fn)) for k, v in value.items())
+        items = [(k, _apply(v, fn)) for k, v in value.items()]
+        return type(value)(items) if type(value) in (dict, OrderedDict) else dict(items)
     if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
         return type(value)(*(_apply(v, fn) for v in value))
     if isinstance(value, (list, tuple)):
@@ -301,9 +304,11 @@ def _amp_step(self, *args, **kwargs):
         out = base.step(self, *args, **kwargs)
     if stash.master_pairs:
         with torch.no_grad():
-            for p, master in stash.master_pairs:
-                p.copy_(master)  # rounded to the model's dtype
-                master.grad = None  # consumed; remade from the model's grad next backward
+            # rounded to the model's dtype
+            torch._foreach_copy_([p for p, _ in stash.master_pairs],
+                                 [m for _, m in stash.master_pairs])
+        for _, master in stash.master_pairs:
+            master.grad = None  # consumed; remade from the model's grad next backward
     return out
 
 
@@ -440,7 +445,7 @@ def _check_model(model) -> None:
     if getattr(model, "_torchext_amp_model", False):
         raise RuntimeError("This model was already processed by amp.initialize; pass it once.")
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
-        if t.is_floating_point() and t.dtype != torch.float32:
+        if t.dtype in _HALF_DTYPES:
             raise RuntimeError(
                 f"Found {name} with dtype {t.dtype}; amp.initialize expects an fp32 model. Do "
                 "not call .half() (or .to(dtype)) yourself: pass the fp32 model and "
@@ -716,7 +721,17 @@ def scale_loss(loss, optimizers, loss_id=0, model=None, delay_unscale=False,
                 p.grad = None  # already copied into the masters (or stale)
             stash.stashed = stashed
 
-    yield ls.scaler.scale(loss.float())
+    try:
+        yield ls.scaler.scale(loss.float())
+    except BaseException:
+        # The block failed (e.g. in backward): drop its partial, scaled grads
+        # and put back the ones set aside, as if the block had not run.
+        for opt, stash in zip(opts, stashes):
+            if not stash.grads_are_scaled and stash.stashed is not None:
+                for p in _grad_params(opt):
+                    p.grad = stash.stashed.get(id(p))
+                stash.stashed = None
+        raise
 
     if delay_unscale:
         for stash in stashes:
@@ -844,14 +859,11 @@ def _floating_dtypes(value, out: list) -> list:
     return out
 
 
-def _register(module, name: str, mode: str) -> None:
-    if not hasattr(module, name):
-        raise ValueError(f"No function named {name} in module {module}.")
-    fn = getattr(module, name)
-    if getattr(fn, "_torchext_amp_cast", None) is not None:
-        raise RuntimeError(f"{module.__name__ if hasattr(module, '__name__') else module}.{name} "
-                           f"is already registered as a {fn._torchext_amp_cast} function.")
-
+def _cast_wrapper(fn, mode: str):
+    """``fn`` run, under autocast, with autocast off and its floating inputs
+    cast: to the autocast dtype ("half"), float32 ("float"), or the widest of
+    their dtypes ("promote"). Outside autocast, or under disable_casts, it is
+    ``fn`` as is."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         t = _first_tensor((args, kwargs))
@@ -872,7 +884,35 @@ def _register(module, name: str, mode: str) -> None:
             return fn(*_apply(args, cast), **_apply(kwargs, cast))
 
     wrapper._torchext_amp_cast = mode
-    setattr(module, name, wrapper)
+    return wrapper
+
+
+def _register(module, name: str, mode: str) -> None:
+    if not hasattr(module, name):
+        raise ValueError(f"No function named {name} in module {module}.")
+    fn = getattr(module, name)
+    if getattr(fn, "_torchext_amp_cast", None) is not None:
+        raise RuntimeError(f"{getattr(module, '__name__', module)}.{name} is already registered "
+                           f"as a {fn._torchext_amp_cast} function.")
+    setattr(module, name, _cast_wrapper(fn, mode))
+
+
+def half_function(fn):
+    """Decorator (apex's ``amp.half_function``): under autocast, ``fn`` gets
+    its floating inputs in the autocast dtype and runs with autocast off."""
+    return _cast_wrapper(fn, "half")
+
+
+def float_function(fn):
+    """Decorator (apex's ``amp.float_function``): under autocast, ``fn`` runs
+    in float32."""
+    return _cast_wrapper(fn, "float")
+
+
+def promote_function(fn):
+    """Decorator (apex's ``amp.promote_function``): under autocast, ``fn``
+    gets its floating inputs in the widest of their dtypes."""
+    return _cast_wrapper(fn, "promote")
 
 
 def register_half_function(module, function_name: str) -> None:
