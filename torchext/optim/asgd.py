@@ -187,6 +187,9 @@ class ASGD(Optimizer):
         Args:
             closure (Callable, optional): re-evaluates the model and returns the loss.
         """
+        # What torch's LR schedulers record to warn about a scheduler stepped
+        # before its optimizer (see `_wrapped_by_lr_sched` below).
+        self._opt_called = True
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -212,6 +215,14 @@ class ASGD(Optimizer):
                        weight_decay=group["weight_decay"], fused=group["fused"],
                        grad_scale=grad_scale, found_inf=found_inf)
         return loss
+
+    # torch's LR schedulers wrap `optimizer.step` with a function of
+    # torch/optim/lr_scheduler.py that sets `_opt_called`; Dynamo refuses to
+    # trace that file, so a compiled step would break (and the wrapper's
+    # weakref hides the grad_scale/found_inf GradScaler sets in the same
+    # graph). step() records `_opt_called` itself, and this marker tells the
+    # schedulers there is nothing to wrap.
+    step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
 
     @torch._disable_dynamo
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
