@@ -155,8 +155,11 @@ def test_initialize_prints_summary(capsys):
 INF_AT = {2: float("inf"), 3: float("nan"), 9: float("-inf")}
 
 
+@pytest.mark.parametrize("unscale_first", [False, True])
 @pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
-def test_o1_matches_autocast_and_gradscaler_by_hand(opt_name):
+def test_o1_matches_autocast_and_gradscaler_by_hand(opt_name, unscale_first):
+    """Bit for bit, with the plain scale/step/update loop, and with an explicit
+    unscale_ before step (what the end of apex's block does)."""
     x, y = data()
     # apex API
     m1 = plain_model()
@@ -185,7 +188,8 @@ def test_o1_matches_autocast_and_gradscaler_by_hand(opt_name):
         s2.scale(loss).backward()
         if i in INF_AT:
             poison(m2.parameters(), INF_AT[i])
-        s2.unscale_(o2)  # apex unscales at the end of the block
+        if unscale_first:
+            s2.unscale_(o2)
         s2.step(o2)
         s2.update()
         r2.append((s2.get_scale(), loss.item()))
