@@ -625,6 +625,20 @@ def test_deepcopy_keeps_the_copy_working():
     assert clone(x).dtype == torch.bfloat16
 
 
+def test_step_hooks_run_once_even_after_deepcopy():
+    model = plain_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    model, opt = amp.initialize(model, opt, opt_level="O1", verbosity=0)
+    calls = []
+    opt.register_step_pre_hook(lambda *a: calls.append("pre"))
+    copy.deepcopy(opt)  # runs Optimizer.__setstate__ on a copy of amp's class
+    x, y = data()
+    with amp.scale_loss(F.mse_loss(model(x), y), opt) as scaled:
+        scaled.backward()
+    opt.step()
+    assert calls == ["pre"]
+
+
 # ------------------------------------------------------------ cast helpers
 
 def test_disable_casts():

@@ -349,6 +349,9 @@ def _amp_class(cls: type) -> type:
 
         if getattr(cls.step, "_wrapped_by_lr_sched", False):
             step._wrapped_by_lr_sched = True  # as the base: schedulers need not wrap it
+        # base.step already runs the step hooks: torch must not wrap this one
+        # again (Optimizer.__setstate__, e.g. on deepcopy, would otherwise).
+        step.hooked = True
         sub = type(cls.__name__, (cls,), {
             "step": step, "zero_grad": _amp_zero_grad, "_torchext_amp_base": cls,
             "__module__": cls.__module__, "__qualname__": cls.__qualname__})
