@@ -639,6 +639,23 @@ def test_step_hooks_run_once_even_after_deepcopy():
     assert calls == ["pre"]
 
 
+def test_whole_model_and_optimizer_pickle():
+    model = plain_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    model, opt = amp.initialize(model, opt, opt_level="O1", verbosity=0)
+    buf = io.BytesIO()
+    torch.save({"model": model, "opt": opt}, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    x = data()[0]
+    assert torch.equal(loaded["model"](x), model(x))  # still runs under autocast
+    assert loaded["model"](x).dtype == torch.bfloat16
+    assert type(loaded["opt"]) is torch.optim.SGD  # a plain optimizer, outside amp
+    copied = copy.deepcopy(opt)
+    assert type(copied) is torch.optim.SGD
+    copied.step()
+
+
 # ------------------------------------------------------------ cast helpers
 
 def test_disable_casts():

@@ -174,33 +174,6 @@ def _stash(optimizer) -> _OptStash:
 
 # ------------------------------------------------------------------ patching
 
-def _patch_method(obj: Any, name: str, make) -> None:
-    """Replaces ``obj.<name>`` by a bound method made by ``make(call_inner)``.
-
-    ``call_inner(self, *args, **kwargs)`` calls what was there before: an
-    instance attribute or the class's method. A bound method (not a closure
-    over ``obj``) is rebound to the copy by ``copy.deepcopy``."""
-    previous = obj.__dict__.get(name)
-    if previous is not None:
-        def call_inner(self, *args, **kwargs):
-            return previous(*args, **kwargs)
-    else:
-        cls_fn = getattr(type(obj), name)
-
-        def call_inner(self, *args, **kwargs):
-            return cls_fn(self, *args, **kwargs)
-    fn = make(call_inner, previous)
-    setattr(obj, name, types.MethodType(fn, obj))
-
-    def undo():
-        if previous is None:
-            obj.__dict__.pop(name, None)
-        else:
-            setattr(obj, name, previous)
-
-    _amp_state.undo.append(undo)
-
-
 def _model_device_type(model: torch.nn.Module) -> str:
     for t in model.parameters():
         return t.device.type
@@ -242,33 +215,60 @@ def _caster(dtype: torch.dtype):
     return cast
 
 
+class _AmpForward:
+    """The ``forward`` that ``initialize`` puts on a model instance: casts the
+    inputs (O2/O3), runs the model's own forward (under autocast in O1) and
+    casts the outputs. An object rather than a closure, so the model still
+    pickles, and ``copy.deepcopy`` makes the copy's forward run the copy."""
+
+    def __init__(self, module, previous, autocast, autocast_dtype, input_dtype, output_dtype):
+        self.module = module
+        self.previous = previous  # an instance-level forward that was there, if any
+        self.autocast = autocast
+        self.autocast_dtype = autocast_dtype
+        self.input_dtype = input_dtype
+        self.output_dtype = output_dtype
+
+    def __call__(self, *args, **kwargs):
+        module = self.module
+        if self.input_dtype is not None:
+            cast = _caster(self.input_dtype)
+            args, kwargs = _apply(args, cast), _apply(kwargs, cast)
+        inner = self.previous
+        if inner is None:
+            inner = functools.partial(type(module).forward, module)
+        if self.autocast and not _casts_disabled():
+            device_type = _model_device_type(module)
+            dtype = self.autocast_dtype or _default_autocast_dtype(device_type)
+            with torch.autocast(device_type, dtype=dtype):
+                out = inner(*args, **kwargs)
+        else:
+            out = inner(*args, **kwargs)
+        return out if self.output_dtype is None else _apply(out, _caster(self.output_dtype))
+
+
 def _patch_forward(model: torch.nn.Module, *, autocast: bool, autocast_dtype, input_dtype,
                    output_dtype) -> None:
-    cast_in = None if input_dtype is None else _caster(input_dtype)
-    cast_out = None if output_dtype is None else _caster(output_dtype)
+    previous = model.__dict__.get("forward")
+    model.forward = _AmpForward(model, previous, autocast, autocast_dtype, input_dtype,
+                                output_dtype)
 
-    def make(call_inner, previous):
-        def forward(self, *args, **kwargs):
-            if cast_in is not None:
-                args, kwargs = _apply(args, cast_in), _apply(kwargs, cast_in)
-            if autocast and not _casts_disabled():
-                device_type = _model_device_type(self)
-                dtype = autocast_dtype or _default_autocast_dtype(device_type)
-                with torch.autocast(device_type, dtype=dtype):
-                    out = call_inner(self, *args, **kwargs)
-            else:
-                out = call_inner(self, *args, **kwargs)
-            return out if cast_out is None else _apply(out, cast_out)
-        return forward
+    def undo():
+        if previous is None:
+            model.__dict__.pop("forward", None)
+        else:
+            model.forward = previous
 
-    _patch_method(model, "forward", make)
+    _amp_state.undo.append(undo)
 
 
 def _amp_step(self, *args, **kwargs):
     """``step()`` of an optimizer given to ``amp.initialize``: skips after an
     overflow, and in O2 copies the masters back into the model."""
-    stash: _OptStash = self._torchext_amp
+    stash: _OptStash | None = self.__dict__.get("_torchext_amp")
     base = type(self)._torchext_amp_base
+    if stash is None:  # amp.reset() ran, or a copy made by a checkpoint/unpickle
+        return base.step(self, *args, **kwargs)
     if stash.grads_are_scaled:
         raise RuntimeError(
             "optimizer.step() was called while the gradients are still scaled by "
@@ -316,7 +316,8 @@ def _amp_zero_grad(self, set_to_none: bool = True):
     """``zero_grad()`` that also clears the model's half grads in O2 (the
     optimizer itself holds the fp32 masters), as apex."""
     type(self)._torchext_amp_base.zero_grad(self, set_to_none)
-    for p in self._torchext_amp.model_half_params():
+    stash = self.__dict__.get("_torchext_amp")
+    for p in [] if stash is None else stash.model_half_params():
         if p.grad is not None:
             if set_to_none:
                 p.grad = None
@@ -334,6 +335,16 @@ def _step_tracked_for_lr_scheduler(self, *args, **kwargs):
 _step_tracked_for_lr_scheduler._wrapped_by_lr_sched = True
 
 _AMP_CLASSES: dict[type, type] = {}
+
+
+def _amp_reduce_ex(self, protocol):
+    # Pickles and deep-copies as the plain optimizer class: the copy is not
+    # part of the amp setup (its state is what Optimizer.__getstate__ keeps).
+    return _new_instance, (type(self)._torchext_amp_base,), self.__getstate__()
+
+
+def _new_instance(cls):
+    return cls.__new__(cls)
 
 
 def _amp_class(cls: type) -> type:
@@ -354,6 +365,7 @@ def _amp_class(cls: type) -> type:
         step.hooked = True
         sub = type(cls.__name__, (cls,), {
             "step": step, "zero_grad": _amp_zero_grad, "_torchext_amp_base": cls,
+            "__reduce_ex__": _amp_reduce_ex,
             "__module__": cls.__module__, "__qualname__": cls.__qualname__})
         _AMP_CLASSES[cls] = sub
     return sub
