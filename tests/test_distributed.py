@@ -9,6 +9,7 @@ instead of the suite.
 """
 import datetime
 import os
+import runpy
 import socket
 import time
 
@@ -28,22 +29,31 @@ SPAWN_TIMEOUT_S = 60
 HP = dict(lr=0.05, lambd=1e-3, alpha=0.75, t0=3.0, weight_decay=1e-3)  # t0 small: mu < 1 soon
 SCALER = dict(init_scale=2.0**10, growth_interval=3)
 GLOBAL_BATCH = 16
+EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples",
+                       "distributed_train.py")
 
 
 # ------------------------------------------------------------------ harness
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(n):
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for s in socks:  # all bound at once: n distinct ports
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
-def _entry(rank, world, port, scenario, tmpdir):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+def _entry(rank, world, ports, scenario, tmpdir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ports[0]),
                       RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     if os.path.isdir("/sys/class/net/lo"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
+    if scenario == "example":  # the example initializes the process group itself
+        return _run_example(tmpdir, ports)
     dist.init_process_group("gloo", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=SPAWN_TIMEOUT_S // 2))
     try:
@@ -65,7 +75,7 @@ def _start_method():
 
 
 def _spawn(scenario, tmp_path):
-    ctx = mp.start_processes(_entry, args=(WORLD, _free_port(), scenario, str(tmp_path)),
+    ctx = mp.start_processes(_entry, args=(WORLD, _free_ports(3), scenario, str(tmp_path)),
                              nprocs=WORLD, join=False, start_method=_start_method())
     deadline = time.monotonic() + SPAWN_TIMEOUT_S
     while not ctx.join(timeout=1.0):  # raises with the worker's traceback on failure
@@ -336,6 +346,24 @@ def _scenario_checkpoint(rank, world, tmpdir):
         assert scaler.num_skipped_steps() == (len(_POISON) if kind == "fsdp" else 0)
 
 
+def _run_example(tmpdir, ports):
+    """examples/distributed_train.py as torchrun runs it (env:// rendezvous):
+    train, save; resume and finish; the same as training straight through."""
+    main = runpy.run_path(EXAMPLE, run_name="distributed_train")["main"]
+    ckpt = os.path.join(tmpdir, "ckpt")
+
+    def run(port, *argv):
+        # A fresh rendezvous port per run: a rank that re-initializes first
+        # must not meet the previous run's store.
+        os.environ["MASTER_PORT"] = str(port)
+        return main(list(argv))
+
+    run(ports[0], "--steps", "6", "--ckpt-dir", ckpt)
+    resumed = run(ports[1], "--steps", "4", "--ckpt-dir", ckpt, "--resume")
+    straight = run(ports[2], "--steps", "10")
+    assert resumed == straight, (resumed, straight)
+
+
 SCENARIOS = {
     "ddp": _scenario_ddp,
     "fsdp": _scenario_fsdp,
@@ -367,3 +395,9 @@ def test_checkpoint_resume_continues_identically(tmp_path):
     """torch.distributed.checkpoint of model + optimizer + scaler on 2 ranks
     (FSDP2 and DDP) resumes bit-for-bit."""
     _spawn("checkpoint", tmp_path)
+
+
+def test_example_trains_saves_and_resumes(tmp_path):
+    """examples/distributed_train.py (FSDP2 + torchext on gloo): a run saved
+    and resumed ends with the same loss as one run straight through."""
+    _spawn("example", tmp_path)
