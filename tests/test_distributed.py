@@ -201,6 +201,7 @@ def _scenario_ddp(rank, world, tmpdir):
 
 
 def _scenario_fsdp(rank, world, tmpdir):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
     from torch.distributed.tensor import DTensor
 
     model = _fsdp_model(world)
@@ -211,7 +212,28 @@ def _scenario_fsdp(rank, world, tmpdir):
     for p in model.parameters():
         ax = opt.state[p]["ax"]
         assert isinstance(ax, DTensor) and ax.placements == p.placements
-    _assert_matches_reference(model, opt, scaler, *_reference(STEPS))
+    ref_model, ref_opt, ref_scaler = _reference(STEPS)
+    _assert_matches_reference(model, opt, scaler, ref_model, ref_opt, ref_scaler)
+
+    # A full (consolidated) optimizer state_dict is torch.optim.ASGD's, by name.
+    full = get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True))
+    for name, ref in ref_model.named_parameters():
+        for key, value in ref_opt.state[ref].items():
+            got = full["state"][name][key]
+            assert type(got) is torch.Tensor and got.dtype == value.dtype, (name, key)
+            torch.testing.assert_close(got, value, rtol=2e-5, atol=1e-6)
+
+    # Plain (unsharded) state loaded straight into a DTensor optimizer is refused
+    # with a pointer to set_optimizer_state_dict, not stepped on wrong shapes.
+    opt.load_state_dict(ref_opt.state_dict())
+    x, y = _batch(STEPS)
+    torch.nn.functional.mse_loss(model(_local(x, rank, world)), _local(y, rank, world)).backward()
+    try:
+        opt.step()
+    except TypeError as e:
+        assert "set_optimizer_state_dict" in str(e)
+    else:
+        raise AssertionError("a plain 'ax' for a DTensor parameter was accepted")
 
 
 # One rank only sees the overflow: step 2 on rank 1 (fused path), step 4 on
