@@ -19,7 +19,7 @@ Files are torch.save'd dicts of tensors; C++ reads them with torch::pickle_load.
 from __future__ import annotations
 
 import copy
-import math
+import glob
 import os
 import sys
 import warnings
@@ -28,7 +28,9 @@ from typing import List, Tuple
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))  # the source tree, for `import torchext`
+_ROOT = os.path.dirname(HERE)
+if glob.glob(os.path.join(_ROOT, "torchext", "_C*.so")):
+    sys.path.insert(0, _ROOT)  # a source tree built in place: use it
 import torchext  # noqa: E402,F401  (registers torch.ops.torchext.*)
 
 STEPS = 100
