@@ -234,6 +234,28 @@ def _scenario_fsdp(rank, world, tmpdir):
         assert "set_optimizer_state_dict" in str(e)
     else:
         raise AssertionError("a plain 'ax' for a DTensor parameter was accepted")
+    _check_partial_grad(rank, world)
+
+
+def _check_partial_grad(rank, world):
+    """A gradient laid out unlike its parameter (Partial: each rank holds a
+    summand) is reduced to the parameter's layout before the local update."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world,))
+    full = torch.arange(12.0).reshape(4, 3)
+    grads = [torch.full((4, 3), float(r + 1)) for r in range(world)]  # summands per rank
+    p = torch.nn.Parameter(distribute_tensor(full, mesh, [Shard(0)]))
+    p.grad = DTensor.from_local(grads[rank], mesh, [Partial()])
+    opt = torchext.optim.ASGD([p], **HP)
+    opt.step()
+    ref_p = torch.nn.Parameter(full.clone())
+    ref_p.grad = sum(grads)
+    ref_opt = torch.optim.ASGD([ref_p], foreach=False, **HP)
+    ref_opt.step()
+    torch.testing.assert_close(p.full_tensor(), ref_p.detach())
+    torch.testing.assert_close(opt.state[p]["ax"].full_tensor(), ref_opt.state[ref_p]["ax"])
 
 
 # One rank only sees the overflow: step 2 on rank 1 (fused path), step 4 on
