@@ -55,8 +55,12 @@ def asgd(
     """
     if not params:
         return
+    # One pass over the devices decides both "fusable" and "one op call".
+    device = params[0].device
+    one_device = all(p.device == device for p in params)
     if fused is None:
-        fused = not differentiable and fused_supported(params)
+        fused = not differentiable and (device.type in _FUSED_DEVICES if one_device
+                                        else fused_supported(params))
     if fused:
         if differentiable:
             raise RuntimeError("`fused` does not support `differentiable`")
@@ -65,8 +69,11 @@ def asgd(
             params, grads, axs, mus, etas, state_steps)
         _fused_asgd(params, grads, axs, mus, etas, state_steps, lr=lr, lambd=lambd,
                     alpha=alpha, t0=t0, weight_decay=weight_decay, maximize=maximize,
-                    grad_scale=grad_scale, found_inf=found_inf)
+                    grad_scale=grad_scale, found_inf=found_inf, one_device=one_device)
     else:
+        for g in grads:
+            if g.is_sparse:
+                raise RuntimeError("ASGD does not support sparse gradients")
         _reference_asgd(params, grads, axs, mus, etas, state_steps, lr=lr, lambd=lambd,
                         alpha=alpha, t0=t0, weight_decay=weight_decay, maximize=maximize,
                         capturable=capturable, grad_scale=grad_scale, found_inf=found_inf)
@@ -82,11 +89,10 @@ def _call_op(params, grads, axs, mus, etas, steps, *, lr, grad_scale, found_inf,
 
 
 def _fused_asgd(params, grads, axs, mus, etas, steps, *, lr, lambd, alpha, t0,
-                weight_decay, maximize, grad_scale, found_inf):
+                weight_decay, maximize, grad_scale, found_inf, one_device):
     kw = dict(lambd=float(lambd), alpha=float(alpha), t0=float(t0),
               weight_decay=float(weight_decay), maximize=bool(maximize))
-    device = params[0].device
-    if all(p.device == device for p in params):  # the common case: one op call
+    if one_device:  # the common case: one op call
         _call_op(params, grads, axs, mus, etas, steps, lr=lr, grad_scale=grad_scale,
                  found_inf=found_inf, **kw)
         return
