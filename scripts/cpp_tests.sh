@@ -12,7 +12,9 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PYTHON=${PYTHON:-python3}
-PYTHON=$(command -v "$PYTHON")
+PYTHON=$(command -v "$PYTHON") || { echo "cpp_tests.sh: no Python at '$PYTHON'"; exit 1; }
+# Absolute, but not through symlinks (a venv's python is a symlink to the base one).
+case "$PYTHON" in /*) ;; *) PYTHON="$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON")" ;; esac
 BUILD_DIR=${BUILD_DIR:-$ROOT/cpp_build}
 JOBS=${JOBS:-2}
 case "${TORCHEXT_CUDA:-0}" in 1|on|ON|true|yes) CUDA_FLAG=ON ;; *) CUDA_FLAG=OFF ;; esac
