@@ -27,9 +27,11 @@ def _refresh_per_optimizer_state() -> dict[str, Any]:
     return {"stage": OptState.READY, "found_inf_per_device": {}}
 
 
-def _grads_by_device(optimizer, allow_fp16: bool) -> dict[torch.device, list[Tensor]]:
-    """The optimizer's gradients, grouped by device (sparse ones by values)."""
+def _grads_by_device(optimizer, allow_fp16: bool):
+    """The optimizer's gradients, grouped by device (sparse ones by values),
+    and whether any was a DTensor (sharded: each rank sees only its shard)."""
     out: dict[torch.device, list[Tensor]] = defaultdict(list)
+    sharded = False
     # torchext optimizers expose their groups as `_groups` too: reading
     # `param_groups` inside torch.compile triggers Dynamo's optimizer
     # special-casing (see torchext.optim.ASGD._refresh_views).
@@ -39,9 +41,10 @@ def _grads_by_device(optimizer, allow_fp16: bool) -> dict[torch.device, list[Ten
         for param in group["params"]:
             # DTensor (FSDP2) grads: the ops check/unscale this rank's shard;
             # found_inf is then all-reduced over process_group.
-            grad = to_local(param.grad) if param.grad is not None else None
-            if grad is None:
+            if param.grad is None:
                 continue
+            grad = to_local(param.grad)
+            sharded = sharded or grad is not param.grad
             if not allow_fp16 and grad.dtype == torch.float16:
                 raise ValueError("Attempting to unscale FP16 gradients.")
             if grad.is_sparse:
@@ -49,7 +52,7 @@ def _grads_by_device(optimizer, allow_fp16: bool) -> dict[torch.device, list[Ten
                     param.grad = grad = grad.coalesce()
                 grad = grad._values()
             out[grad.device].append(grad)
-    return out
+    return out, sharded
 
 
 class GradScaler(torch.amp.GradScaler):
@@ -75,6 +78,8 @@ class GradScaler(torch.amp.GradScaler):
         process_group (optional): all-reduce found_inf (MAX) over this
             ``torch.distributed`` group before deciding a step, so every rank
             skips together (for sharded gradients, as ShardedGradScaler).
+            When gradients are DTensors (FSDP2) and no group is given, the
+            default (WORLD) group is used, as ShardedGradScaler does.
 
     ``scaler.step(opt)`` with an optimizer that has
     ``_step_supports_amp_scaling`` (torchext's ASGD, torch's fused
@@ -201,23 +206,35 @@ class GradScaler(torch.amp.GradScaler):
 
     # --------------------------------------------------------- inf checks
 
-    def _sync_found_inf(self, found_inf_per_device: dict) -> None:
-        """All ranks see the same found_inf (MAX), without a host sync."""
-        if self._process_group is None:
-            return
+    def _sync_found_inf(self, found_inf_per_device: dict, sharded: bool) -> None:
+        """All ranks see the same found_inf (MAX), without a host sync.
+
+        With sharded (DTensor) gradients and no process_group given, the
+        default group is used, as torch's ShardedGradScaler does: otherwise
+        each rank would decide its skips alone and the replicas would drift."""
+        group = self._process_group
+        if group is None:
+            if not sharded:
+                return
+            import torch.distributed as dist
+            if not dist.is_initialized():
+                return
+            group = dist.group.WORLD
         import torch.distributed as dist
         for found_inf in found_inf_per_device.values():
-            dist.all_reduce(found_inf, op=dist.ReduceOp.MAX, group=self._process_group)
+            dist.all_reduce(found_inf, op=dist.ReduceOp.MAX, group=group)
 
     def _unscale_grads_(self, optimizer, inv_scale: Tensor, found_inf: Tensor,
                         allow_fp16: bool) -> dict[torch.device, Tensor]:
         """Unscales the grads in place and checks them (one pass per device)."""
         found_per_device: dict[torch.device, Tensor] = {}
+        by_device, sharded = _grads_by_device(optimizer, allow_fp16)
         with torch.no_grad():
-            for device, grads in _grads_by_device(optimizer, allow_fp16).items():
+            for device, grads in by_device.items():
                 found = found_inf if found_inf.device == device else found_inf.to(device, copy=True)
                 torch.ops.torchext.unscale_(grads, found, inv_scale.to(device, non_blocking=True))
                 found_per_device[device] = found
+        self._sync_found_inf(found_per_device, sharded)
         return found_per_device
 
     def _check_inf_per_device(self, optimizer) -> dict[torch.device, Tensor]:
@@ -225,12 +242,13 @@ class GradScaler(torch.amp.GradScaler):
         read once and nothing but found_inf is written."""
         scale, _ = self._check_scale_growth_tracker("_check_inf_per_device")
         found_per_device: dict[torch.device, Tensor] = {}
+        by_device, sharded = _grads_by_device(optimizer, allow_fp16=True)
         with torch.no_grad():
-            for device, grads in _grads_by_device(optimizer, allow_fp16=True).items():
+            for device, grads in by_device.items():
                 found = torch.zeros((), dtype=torch.float32, device=device)
                 torch.ops.torchext.check_finite_(grads, found)
                 found_per_device[device] = found
-        self._sync_found_inf(found_per_device)
+        self._sync_found_inf(found_per_device, sharded)
         self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = found_per_device
         return found_per_device
 
@@ -253,7 +271,6 @@ class GradScaler(torch.amp.GradScaler):
         inv_scale = self._scale.double().reciprocal().float()
         found_inf = torch.zeros((), dtype=torch.float32, device=self._scale.device)
         found = self._unscale_grads_(optimizer, inv_scale, found_inf, self._allow_fp16)
-        self._sync_found_inf(found)
         optimizer_state["found_inf_per_device"] = found
         optimizer_state["stage"] = OptState.UNSCALED
 
