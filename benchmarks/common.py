@@ -33,6 +33,23 @@ def copy_bandwidth(device="cpu", nbytes=512 * 2**20):
     return 2 * nbytes / t
 
 
+def inplace_bandwidth(device="cpu", nbytes=512 * 2**20):
+    """Bytes per second of a large in-place a.add_(b) (reads a and b, writes
+    a). An optimizer step writes only lines it has just read, like this; a
+    copy_ into fresh memory also pays a read-for-ownership of the destination
+    on CPUs, which its byte count does not see."""
+    a = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
+    b = torch.empty_like(a).uniform_()
+    t = timeit(lambda: a.add_(b), warmup=2, repeat=10)
+    return 3 * nbytes / t
+
+
+def bandwidth(device="cpu"):
+    """The memory-bandwidth bound: the best of copy_ and in-place add_."""
+    c, i = copy_bandwidth(device), inplace_bandwidth(device)
+    return max(c, i), c, i
+
+
 def table(headers, rows):
     widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) for i, h in enumerate(headers)]
     line = "| " + " | ".join(str(h).ljust(w) for h, w in zip(headers, widths)) + " |"
