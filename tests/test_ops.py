@@ -282,6 +282,54 @@ def test_bad_input_raises_and_mutates_nothing(name):
     assert_unchanged(a, snap)
 
 
+def _update_scale_args():
+    return [torch.tensor(1024.0), torch.tensor(0, dtype=torch.int32),
+            torch.tensor(1, dtype=torch.int32), torch.tensor(0.0)]
+
+
+@pytest.mark.parametrize("index,bad,exc,match", [
+    (0, torch.tensor(1024.0, dtype=torch.float64), TypeError, "scale must be a float32"),
+    (0, torch.ones(2), ValueError, "scale must hold exactly one element"),
+    (1, torch.tensor(0.0), TypeError, "growth_tracker must be an int32"),
+    (2, torch.tensor(1, dtype=torch.int64), TypeError, "hysteresis_tracker must be an int32"),
+    (3, torch.tensor(0, dtype=torch.int32), TypeError, "found_inf must be a float32"),
+    (3, torch.zeros((), device="meta"), RuntimeError, "found_inf is on meta"),
+])
+def test_update_scale_bad_input(index, bad, exc, match):
+    args = _update_scale_args()
+    args[index] = bad
+    snap = [a.clone() for a in args if not a.is_meta]
+    with pytest.raises(exc, match=match):
+        ops.update_scale_(*args, growth_factor=2.0, backoff_factor=0.5, growth_interval=3)
+    for a, b in zip([a for a in args if not a.is_meta], snap):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(growth_factor=1.0), "growth_factor must be > 1"),
+    (dict(growth_interval=0), "growth_interval must be >= 1"),
+    (dict(hysteresis=0), "hysteresis must be >= 1"),
+    (dict(min_scale=10.0, max_scale=1.0), "min_scale <= max_scale"),
+])
+def test_update_scale_bad_settings(kwargs, match):
+    kw = dict(growth_factor=2.0, backoff_factor=0.5, growth_interval=3)
+    kw.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        ops.update_scale_(*_update_scale_args(), **kw)
+
+
+def test_amp_ops_bad_input():
+    g = [torch.randn(3), torch.randn(2)]
+    with pytest.raises(TypeError, match="unsupported dtype"):
+        ops.check_finite_([torch.ones(2, dtype=torch.int64)], torch.zeros(()))
+    with pytest.raises(RuntimeError, match=r"tensors\[1\] is on meta"):
+        ops.unscale_([g[0], torch.ones(2, device="meta")], torch.zeros(()), torch.ones(()))
+    with pytest.raises(TypeError, match="inv_scale must be a float32"):
+        ops.unscale_(g, torch.zeros(()), torch.ones((), dtype=torch.float64))
+    with pytest.raises(ValueError, match="found_inf must hold exactly one element"):
+        ops.check_finite_(g, torch.zeros(2))
+
+
 @pytest.mark.parametrize("lr", [torch.ones(2), torch.tensor(-1.0), torch.tensor(1, dtype=torch.int64)])
 def test_bad_tensor_lr(lr):
     a = asgd_inputs()
