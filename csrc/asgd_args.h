@@ -23,6 +23,31 @@ struct ASGDArgs {
 // first problem found. Mutates nothing.
 void check_asgd_args(const ASGDArgs& a);
 
+// The two registered signatures of asgd_ (float lr and tensor lr) as
+// wrappers around one implementation taking ASGDArgs, for every device:
+//   m.impl("asgd_", &ASGDKernel<impl>::float_lr);
+//   m.impl("asgd_.tensor_lr", &ASGDKernel<impl>::tensor_lr);
+template <void (*Impl)(const ASGDArgs&)>
+struct ASGDKernel {
+  static void float_lr(at::TensorList params, at::TensorList grads, at::TensorList axs,
+                       at::TensorList mus, at::TensorList etas, at::TensorList steps, double lr,
+                       double lambd, double alpha, double t0, double weight_decay, bool maximize,
+                       const std::optional<at::Tensor>& grad_scale,
+                       const std::optional<at::Tensor>& found_inf) {
+    Impl({params, grads, axs, mus, etas, steps, lr, std::nullopt, lambd, alpha, t0, weight_decay,
+          maximize, grad_scale, found_inf});
+  }
+  static void tensor_lr(at::TensorList params, at::TensorList grads, at::TensorList axs,
+                        at::TensorList mus, at::TensorList etas, at::TensorList steps,
+                        const at::Tensor& lr, double lambd, double alpha, double t0,
+                        double weight_decay, bool maximize,
+                        const std::optional<at::Tensor>& grad_scale,
+                        const std::optional<at::Tensor>& found_inf) {
+    Impl({params, grads, axs, mus, etas, steps, 0.0, lr, lambd, alpha, t0, weight_decay,
+          maximize, grad_scale, found_inf});
+  }
+};
+
 // Reads a 1-element float/double/int tensor that lives on the CPU.
 double read_cpu_scalar(const at::Tensor& t);
 

@@ -69,30 +69,11 @@ void asgd_cpu_impl(const ASGDArgs& a) {
   }
 }
 
-void asgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList axs,
-              at::TensorList mus, at::TensorList etas, at::TensorList steps, double lr,
-              double lambd, double alpha, double t0, double weight_decay, bool maximize,
-              const std::optional<at::Tensor>& grad_scale,
-              const std::optional<at::Tensor>& found_inf) {
-  asgd_cpu_impl({params, grads, axs, mus, etas, steps, lr, std::nullopt, lambd, alpha, t0,
-                 weight_decay, maximize, grad_scale, found_inf});
-}
-
-void asgd_cpu_tensor_lr(at::TensorList params, at::TensorList grads, at::TensorList axs,
-                        at::TensorList mus, at::TensorList etas, at::TensorList steps,
-                        const at::Tensor& lr, double lambd, double alpha, double t0,
-                        double weight_decay, bool maximize,
-                        const std::optional<at::Tensor>& grad_scale,
-                        const std::optional<at::Tensor>& found_inf) {
-  asgd_cpu_impl({params, grads, axs, mus, etas, steps, 0.0, lr, lambd, alpha, t0, weight_decay,
-                 maximize, grad_scale, found_inf});
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(torchext, CPU, m) {
-  m.impl("asgd_", &asgd_cpu);
-  m.impl("asgd_.tensor_lr", &asgd_cpu_tensor_lr);
+  m.impl("asgd_", &ASGDKernel<asgd_cpu_impl>::float_lr);
+  m.impl("asgd_.tensor_lr", &ASGDKernel<asgd_cpu_impl>::tensor_lr);
 }
 
 }  // namespace torchext

@@ -165,31 +165,12 @@ void asgd_cuda_impl(const ASGDArgs& a) {
   }
 }
 
-void asgd_cuda(at::TensorList params, at::TensorList grads, at::TensorList axs,
-               at::TensorList mus, at::TensorList etas, at::TensorList steps, double lr,
-               double lambd, double alpha, double t0, double weight_decay, bool maximize,
-               const std::optional<at::Tensor>& grad_scale,
-               const std::optional<at::Tensor>& found_inf) {
-  asgd_cuda_impl({params, grads, axs, mus, etas, steps, lr, std::nullopt, lambd, alpha, t0,
-                  weight_decay, maximize, grad_scale, found_inf});
-}
-
-void asgd_cuda_tensor_lr(at::TensorList params, at::TensorList grads, at::TensorList axs,
-                         at::TensorList mus, at::TensorList etas, at::TensorList steps,
-                         const at::Tensor& lr, double lambd, double alpha, double t0,
-                         double weight_decay, bool maximize,
-                         const std::optional<at::Tensor>& grad_scale,
-                         const std::optional<at::Tensor>& found_inf) {
-  asgd_cuda_impl({params, grads, axs, mus, etas, steps, 0.0, lr, lambd, alpha, t0, weight_decay,
-                  maximize, grad_scale, found_inf});
-}
-
 }  // namespace
 }  // namespace cuda
 
 TORCH_LIBRARY_IMPL(torchext, CUDA, m) {
-  m.impl("asgd_", &cuda::asgd_cuda);
-  m.impl("asgd_.tensor_lr", &cuda::asgd_cuda_tensor_lr);
+  m.impl("asgd_", &ASGDKernel<cuda::asgd_cuda_impl>::float_lr);
+  m.impl("asgd_.tensor_lr", &ASGDKernel<cuda::asgd_cuda_impl>::tensor_lr);
 }
 
 }  // namespace torchext
