@@ -447,3 +447,27 @@ def test_user_examples_print_what_torch_prints(example, capsys):
     assert ours == theirs and ours.strip()
     if not torch.cuda.is_available():
         assert not ns_torch["scaler"].is_enabled()
+
+
+def test_sync_free_lr_schedule_recipe_from_readme():
+    """The README's recipe: decay a tensor lr only on steps that ran, on the
+    device, from scaler.last_step_skipped."""
+    m = small_model()
+    lr = torch.tensor(0.1)
+    opt = torchext.optim.ASGD(m.parameters(), lr=lr)
+    scaler = GradScaler(**KW)
+    x, y = data()
+    expected = 0.1
+    for i in range(6):
+        opt.zero_grad()
+        scaler.scale(torch.nn.functional.mse_loss(m(x), y)).backward()
+        if i in (2, 3):
+            next(m.parameters()).grad[0, 0] = float("inf")
+        with NoHostSync():
+            scaler.step(opt)
+            scaler.update()
+            opt.param_groups[0]["lr"].mul_(torch.where(scaler.last_step_skipped, 1.0, 0.5))
+        if i not in (2, 3):
+            expected *= 0.5
+    assert opt.param_groups[0]["lr"] is lr
+    assert lr.item() == pytest.approx(expected)
