@@ -18,10 +18,11 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON_BIN" -m venv "$VENV"
 fi
 PY="$PWD/$VENV/bin/python"
-if ! "$PY" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
+# numpy: torch.distributed.checkpoint needs it (the distributed tests use it).
+if ! "$PY" -c "import torch, sys, numpy, pytest, expecttest, ninja; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
   echo "== installing torch==$TORCH_VERSION and tools into $VENV"
   "$PY" -m pip install -q --upgrade pip setuptools wheel
-  "$PY" -m pip install -q "torch==$TORCH_VERSION" ninja pytest expecttest
+  "$PY" -m pip install -q "torch==$TORCH_VERSION" ninja pytest expecttest numpy
 fi
 
 # nvcc lives here on these machines; torch's own guess (/usr/local) has no headers.
