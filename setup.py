@@ -86,7 +86,17 @@ with_cuda = want_cuda()
 # -ffp-contract=off: fused multiply-adds only where the kernels ask for them
 # (to round like torch's own kernels; see elementwise_math.h).
 cxx_flags = ["-O3", "-std=c++20", "-fvisibility=hidden", "-fopenmp", "-ffp-contract=off"]
-link_flags = ["-fopenmp"]
+# The library is also linked by C++ programs (torchext.cmake_prefix_path),
+# where no `import torch` has loaded torch's libraries first: let it find
+# them itself, next to it in site-packages or where it was built.
+# The CUDA wheel keeps the CUDA runtime in site-packages/nvidia/cu*/lib. An
+# RPATH (not RUNPATH) also serves the dependencies' own lookups, as torch's.
+_site = os.path.dirname(os.path.dirname(torch.__file__))
+_lib_dirs = ["torch/lib"] + sorted(os.path.relpath(d, _site) for d in
+                                   glob.glob(os.path.join(_site, "nvidia", "cu[0-9]*", "lib")))
+link_flags = ["-fopenmp", "-Wl,--disable-new-dtags"]
+for _d in _lib_dirs:
+    link_flags += [f"-Wl,-rpath,$ORIGIN/../{_d}", f"-Wl,-rpath,{os.path.join(_site, _d)}"]
 include_dirs = [os.path.join(ROOT, "csrc", "include")]
 cpp_sources = sources("*.cpp", "cpu/*.cpp", "meta/*.cpp")
 # The LibTorch C++ API (torchext::optim::ASGD, torchext::amp::GradScaler) is
