@@ -60,3 +60,15 @@ inline ::testing::AssertionResult close(const torch::Tensor& got, const torch::T
 }
 
 }  // namespace torchext_test
+
+// Expects `stmt` to throw c10::Error whose message contains `substr`.
+#define EXPECT_THROW_MSG(stmt, substr)                                              \
+  do {                                                                              \
+    try {                                                                           \
+      stmt;                                                                         \
+      ADD_FAILURE() << "no exception from " #stmt;                                  \
+    } catch (const c10::Error& e) {                                                 \
+      EXPECT_NE(std::string(e.what_without_backtrace()).find(substr), std::string::npos) \
+          << e.what_without_backtrace();                                            \
+    }                                                                               \
+  } while (0)

@@ -217,17 +217,6 @@ TEST(ASGD, SaveLoadRoundTrip) {
 
 // ---- bad input: c10::Error with a clear message, nothing changes ---------
 
-#define EXPECT_THROW_MSG(stmt, substr)                                              \
-  do {                                                                              \
-    try {                                                                           \
-      stmt;                                                                         \
-      ADD_FAILURE() << "no exception from " #stmt;                                  \
-    } catch (const c10::Error& e) {                                                 \
-      EXPECT_NE(std::string(e.what_without_backtrace()).find(substr), std::string::npos) \
-          << e.what_without_backtrace();                                            \
-    }                                                                               \
-  } while (0)
-
 TEST(ASGDBadInput, OptionsAreValidated) {
   auto p = torch::randn({2}).requires_grad_();
   EXPECT_THROW_MSG(ASGD({p}, ASGDOptions(-1.0)), "invalid learning rate");

@@ -11,17 +11,6 @@ using torchext::amp::GradScaler;
 using torchext::amp::GradScalerOptions;
 using namespace torchext_test;
 
-#define EXPECT_THROW_MSG(stmt, substr)                                              \
-  do {                                                                              \
-    try {                                                                           \
-      stmt;                                                                         \
-      ADD_FAILURE() << "no exception from " #stmt;                                  \
-    } catch (const c10::Error& e) {                                                 \
-      EXPECT_NE(std::string(e.what_without_backtrace()).find(substr), std::string::npos) \
-          << e.what_without_backtrace();                                            \
-    }                                                                               \
-  } while (0)
-
 namespace {
 
 GradScalerOptions ref_options(const std::map<std::string, torch::Tensor>& ref) {
