@@ -1,7 +1,6 @@
 """``python -m torchext``: see torchext/cli/__init__.py."""
-import sys
 
-from torchext.cli import main
+from torchext.cli import main_exit
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main_exit()

@@ -128,3 +128,8 @@ def parser():
 def main(argv=None):
     args = parser().parse_args(argv)
     return args.fn(args)
+
+
+def main_exit():
+    """The `torchext` console script."""
+    sys.exit(main())
