@@ -220,3 +220,13 @@ def test_thin_benchmark_script_prints_its_table():
     assert r.returncode == 0, r.stderr
     assert "scale + step + update, 20 x 2k fp32" in r.stdout
     assert "| torchext GradScaler + ASGD (fused)" in r.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU branch")
+def test_gpu_check_without_gpu_says_so_and_fails(tmp_path):
+    # PATH without nvidia-smi, as on a machine without the NVIDIA driver
+    r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh")],
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PATH": "/usr/bin:/bin", "OUT": str(tmp_path)})
+    assert r.returncode == 1
+    assert "no NVIDIA GPU found" in r.stdout and "nothing was run" in r.stdout
