@@ -230,3 +230,31 @@ def test_gpu_check_without_gpu_says_so_and_fails(tmp_path):
                        env={**os.environ, "PATH": "/usr/bin:/bin", "OUT": str(tmp_path)})
     assert r.returncode == 1
     assert "no NVIDIA GPU found" in r.stdout and "nothing was run" in r.stdout
+
+
+class _Ops:
+    """torch.ops.torchext with one op replaced (a planted bug)."""
+
+    def __init__(self, **replaced):
+        self.__dict__.update(replaced)
+
+    def __getattr__(self, name):
+        return getattr(torch.ops.torchext, name)
+
+
+def test_check_catches_a_wrong_kernel(monkeypatch):
+    real_asgd = torch.ops.torchext.asgd_
+
+    def asgd_lr_off_by_10_percent(*args, lr, **kw):
+        real_asgd(*args, lr=lr * 1.1, **kw)
+
+    def check_finite_never_flags(tensors, found_inf):
+        pass
+
+    monkeypatch.setattr(cli_check, "ops", _Ops(asgd_=asgd_lr_off_by_10_percent,
+                                               check_finite_=check_finite_never_flags))
+    outcomes = cli_check.run_checks(["cpu"], [c for c in cli_check.CHECKS
+                                              if c[0] in ("asgd_ (float lr)", "check_finite_")])
+    assert [o.ok for o in outcomes] == [False, False]
+    assert outcomes[0].worst > 1 and "param[" in outcomes[0].failures[0]
+    assert "found_inf=0.0 but inf/NaN present: True" in outcomes[1].failures[0]
