@@ -10,6 +10,7 @@ Install with:  pip install --no-build-isolation -e .
 (--no-build-isolation: the library must be built against the torch you run.)
 """
 import glob
+import importlib.util
 import os
 import shutil
 
@@ -61,6 +62,32 @@ def write_build_info(with_cuda, archs):
         f.write(f"WITH_CUDA = {with_cuda!r}\n")
         f.write(f"CUDA_VERSION = {torch.version.cuda if with_cuda else None!r}\n")
         f.write(f"CUDA_ARCHS = {archs!r}\n")
+
+
+def _sources_module():
+    # torchext/_sources.py, loaded by path: importing the package would load
+    # the library being built.
+    spec = importlib.util.spec_from_file_location(
+        "_torchext_sources", os.path.join(ROOT, "torchext", "_sources.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class build_ext(BuildExtension):
+    """Keeps ninja's objects in build/temp.torchext whatever the caller asks
+    (pip's editable install uses a fresh temporary directory, which would
+    recompile everything), and stamps the sources' digest next to the
+    library after a successful in-place build (torchext/_sources.py)."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.build_temp = os.path.join(ROOT, "build", "temp.torchext")
+
+    def run(self):
+        super().run()
+        if self.inplace:
+            _sources_module().write_stamp(ROOT, os.path.join(ROOT, "torchext"))
 
 
 class build_py(_build_py):
@@ -135,8 +162,11 @@ setup(
     packages=find_packages(include=["torchext", "torchext.*"]),
     package_data={"torchext": ["share/cmake/torchext/*.cmake", "include/torchext/**/*.h"]},
     ext_modules=[ext],
-    cmdclass={"build_ext": BuildExtension, "build_py": build_py},
+    cmdclass={"build_ext": build_ext, "build_py": build_py},
     options={"bdist_wheel": {"py_limited_api": "cp39"}},
     python_requires=">=3.9",
     install_requires=["torch>=2.13"],
+    # `pip install torchext[bench]`: the progress bar and --plot of `torchext bench`.
+    extras_require={"bench": ["tqdm", "matplotlib"]},
+    entry_points={"console_scripts": ["torchext = torchext.cli:main_exit"]},
 )

@@ -31,10 +31,29 @@ if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
 fi
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 
-# Rebuild when the library is missing or was built against another torch.
-if ! "$PY" -c "import torchext" >/dev/null 2>&1; then
-  echo "== building torchext against torch $TORCH_VERSION"
-  rm -rf build torchext/_C*.so torchext/_build_info.py
+# Rebuild when the library does not import (missing, or built against another
+# torch), or when any source (csrc/, setup.py, CMakeLists.txt) or build switch
+# changed since the last build here: the stamp below is written only after a
+# build succeeded. Ninja recompiles only what changed (objects stay in
+# build/temp.torchext); another torch than the last build's starts from a
+# clean build/.
+STAMP=build/setup_env.stamp
+want="torch=$TORCH_VERSION sources=$("$PY" torchext/_sources.py digest . CMakeLists.txt) \
+TORCHEXT_CUDA=${TORCHEXT_CUDA:-} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-} \
+TORCHEXT_CPP_API=${TORCHEXT_CPP_API:-}"
+have=$(cat "$STAMP" 2>/dev/null || true)
+SHOW="import torchext; print('torchext', torchext.__version__, torchext.build_info)"
+if [ "$want" = "$have" ] && "$PY" -c "$SHOW" 2>/dev/null; then
+  :  # up to date
+else
+  if [ -n "$have" ] && [ "${have%% *}" != "${want%% *}" ]; then
+    echo "== building torchext against torch $TORCH_VERSION (new torch: clean build)"
+    rm -rf build torchext/_C*.so torchext/_build_info.py torchext/_build_stamp
+  else
+    echo "== building torchext against torch $TORCH_VERSION (incremental)"
+  fi
+  rm -f "$STAMP"
   "$PY" -m pip install -q --no-build-isolation --no-deps -e .
+  mkdir -p build && echo "$want" > "$STAMP"
+  "$PY" -c "$SHOW"
 fi
-"$PY" -c "import torchext; print('torchext', torchext.__version__, torchext.build_info)"

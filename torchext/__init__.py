@@ -5,6 +5,7 @@ Importing the package loads the compiled library, which registers the ops.
 """
 import glob as _glob
 import os as _os
+import warnings as _warnings
 
 import torch as _torch
 
@@ -43,6 +44,28 @@ def _load():
 
 
 library_path, _build_info = _load()
+
+
+def _warn_if_stale():
+    # Only in a source tree (editable or in-place build): an installed wheel
+    # has no csrc/ next to it. Costs a few stat calls.
+    root = _os.path.dirname(_HERE)
+    if not (_os.path.isdir(_os.path.join(root, "csrc")) and
+            _os.path.isfile(_os.path.join(root, "setup.py"))):
+        return
+    from ._sources import stale_sources
+    newer = stale_sources(root, library_path, _HERE)
+    if newer:
+        names = ", ".join(_os.path.relpath(f, root) for f in newer[:3])
+        more = f" and {len(newer) - 3} more" if len(newer) > 3 else ""
+        _warnings.warn(
+            f"torchext's compiled library {library_path} is older than its sources "
+            f"({names}{more} changed since it was built), so it runs the old code. Rebuild: "
+            f"`pip install --no-build-isolation -e {root}` (or `bash scripts/setup_env.sh` "
+            "there).", UserWarning, stacklevel=2)
+
+
+_warn_if_stale()
 
 # ---- C++ (LibTorch) users ---------------------------------------------------
 #: Directory to add to CMAKE_PREFIX_PATH (next to torch.utils.cmake_prefix_path)

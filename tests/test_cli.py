@@ -1,0 +1,265 @@
+"""`python -m torchext` (info, check, bench), run as a user runs it: in a
+subprocess against this checkout. Benchmarks run --quick on shrunken cases
+(a wrapper edits the case tables before calling the CLI) to stay fast on CI."""
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import torchext
+from torchext import bench, cli
+from torchext.cli import check as cli_check
+from torchext.cli.info import arch_coverage
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(torchext.__file__)))
+
+
+def run_cli(*args, prelude="", timeout=300):
+    """Runs the command line in a fresh process; prelude is Python run first
+    (to block a module or shrink benchmark cases)."""
+    code = prelude + "\nimport sys\nfrom torchext.cli import main\nsys.exit(main(sys.argv[1:]))"
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT)
+
+
+# Shrinks every benchmark to a case of a few thousand elements.
+TINY = textwrap.dedent("""
+    import torch
+    import torchext.bench.asgd as a, torchext.bench.amp as m
+    a.CASES = {"tiny fp32": (3, 2000, torch.float32), "tiny bf16": (2, 1000, torch.bfloat16)}
+    m.SIZE = 2000
+""")
+NO_TQDM = "import sys; sys.modules['tqdm'] = None\n"
+
+
+def test_module_entry_point_and_usage():
+    r = subprocess.run([sys.executable, "-m", "torchext", "--help"], capture_output=True,
+                       text=True, timeout=120, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": ROOT})
+    assert r.returncode == 0 and "info" in r.stdout and "check" in r.stdout
+    assert run_cli().returncode == 2  # a subcommand is required
+    # the `torchext` console script: setup.py's entry point resolves to a function
+    setup_py = open(os.path.join(ROOT, "setup.py")).read()
+    target = re.search(r'"torchext = ([\w.]+):(\w+)"', setup_py)
+    assert target and callable(getattr(importlib.import_module(target[1]), target[2]))
+
+
+def test_info():
+    r = run_cli("info")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert f"built against torch {torchext.build_info['torch_version']}" in out
+    assert f"ISA in use: {torch.backends.cpu.get_cpu_capability()}" in out
+    assert f"library: {torchext.library_path}" in out
+    assert f"cmake_prefix_path: {torchext.cmake_prefix_path}" in out
+    if torchext.has_cuda_kernels():
+        assert " ".join(torchext.build_info["cuda_archs"]) in out
+    else:
+        assert "CUDA kernels: no" in out
+    if not torch.cuda.is_available():
+        assert "GPU: none" in out
+
+
+@pytest.mark.parametrize("archs,cc,covered,says", [
+    (["8.0", "9.0+PTX"], (9, 0), True, "9.0+PTX build (native"),
+    (["8.0", "9.0+PTX"], (8, 6), True, "8.0 build (native"),   # same major, newer minor
+    (["8.0", "9.0+PTX"], (12, 0), True, "PTX"),                # driver JITs the PTX
+    (["8.0", "9.0+PTX"], (7, 5), False, "TORCH_CUDA_ARCH_LIST=7.5"),
+    (["9.0a"], (9, 0), True, "native"),
+    (["8.0"], (9, 0), False, "TORCH_CUDA_ARCH_LIST=9.0"),      # no PTX: another major
+    (["9.0a"], (9, 1), False, "TORCH_CUDA_ARCH_LIST=9.1"),     # 'a' code: that arch only
+])
+def test_arch_coverage(archs, cc, covered, says):
+    ok, text = arch_coverage(archs, cc)
+    assert ok is covered and says in text
+
+
+def test_check_cpu_passes_and_covers_every_op():
+    r = run_cli("check", "--device", "cpu")
+    assert r.returncode == 0, r.stdout + r.stderr
+    for name in ("asgd_ (float lr)", "asgd_ (tensor lr)", "asgd_ grad_scale/found_inf",
+                 "check_finite_", "unscale_", "update_scale_", "bad input refused"):
+        row = next(line for line in r.stdout.splitlines() if line.startswith(f"| {name} "))
+        assert "| PASS" in row, row
+    assert "checks passed" in r.stdout
+    swap_row = next(line for line in r.stdout.splitlines() if line.startswith("| swap_ "))
+    assert ("PASS" in swap_row) == hasattr(torch.ops.torchext, "swap_")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_check_cuda_without_gpu_fails_clearly():
+    r = run_cli("check", "--device", "cuda")
+    assert r.returncode == 2
+    assert "no CUDA GPU is visible" in r.stderr
+
+
+def _mismatch(device, gen, rng, tally):
+    tally.case()
+    ours = torch.ones(4)
+    ours[2] = 1.001
+    tally.close("corrupted value", ours, torch.ones(4), 1e-5)
+
+
+def _raises(device, gen, rng, tally):
+    raise RuntimeError("kernel exploded")
+
+
+def _passes(device, gen, rng, tally):
+    tally.case()
+    tally.exact("same", torch.tensor([1.0, float("nan")]), torch.tensor([1.0, float("nan")]))
+
+
+def test_check_reports_failures_and_exits_nonzero(monkeypatch, capsys):
+    checks = [("mismatch", _mismatch, None), ("raises", _raises, None),
+              ("passes", _passes, None), ("skipped", _passes, lambda d: "not here")]
+    outcomes = cli_check.run_checks(["cpu"], checks)
+    assert [o.ok for o in outcomes] == [False, False, True, True]
+    assert outcomes[0].worst == pytest.approx(1e-3 / 1e-5, rel=1e-3)
+    table = cli_check.format_table(outcomes)
+    row = next(line for line in table.splitlines() if line.startswith("| mismatch "))
+    assert row.split("|")[3:5] == [" 1     ", " 100.0" + row.split("|")[4][6:]] and "FAIL" in row
+    assert "FAIL mismatch [cpu]: corrupted value: relative error 0.001 > 1e-05" in table
+    assert "FAIL raises [cpu]: raised RuntimeError: kernel exploded" in table
+    assert "skipped (not here)" in table and "2 of 4 checks failed" in table
+    assert cli_check.exit_code(outcomes) == 1 and cli_check.exit_code(outcomes[2:]) == 0
+    # the command line: the same failing table, exit status 1
+    monkeypatch.setattr(cli_check, "CHECKS", checks)
+    assert cli.main(["check", "--device", "cpu"]) == 1
+    assert "2 of 4 checks failed" in capsys.readouterr().out
+
+
+def test_bench_json_tables_and_no_tqdm_message(tmp_path):
+    out = tmp_path / "bench.json"
+    r = run_cli("bench", "--device", "cpu", "--quick", "--only", "asgd,amp", "--json",
+                str(out), prelude=NO_TQDM + TINY)
+    assert r.returncode == 0, r.stderr
+    # the benchmarks' own ratio tables
+    assert "| tiny fp32 " in r.stdout and "vs torch foreach" in r.stdout
+    assert "torch GradScaler + ASGD (foreach)" in r.stdout
+    assert r.stderr.count("tqdm is not installed") == 1 and "torchext[bench]" in r.stderr
+    doc = json.loads(out.read_text())
+    assert doc["schema_version"] == bench.SCHEMA_VERSION == 1
+    assert doc["torch_version"] == torch.__version__ and doc["quick"] is True
+    (run,) = doc["runs"]
+    assert run["device"] == "cpu" and run["threads"] == torch.get_num_threads()
+    assert run["array_MiB"] == 64 and run["bandwidth_GBps"]["bound"] == max(
+        run["bandwidth_GBps"]["copy"], run["bandwidth_GBps"]["inplace_add"]) > 0
+    assert [(r["benchmark"], r["case"]) for r in run["results"]] == [
+        ("asgd", "tiny fp32"), ("asgd", "tiny bf16"), ("amp", "20 x 2k fp32")]
+    for res in run["results"]:
+        first, *others = res["ms"]
+        assert first.startswith("torchext") and set(res["speedup"]) == set(others)
+        for k in others:
+            assert res["speedup"][k] == pytest.approx(res["ms"][k] / res["ms"][first])
+        assert res["bandwidth_fraction"] > 0
+    assert run["results"][0]["extra"] == {"tensors": 1, "numel": 2000,
+                                          "dtype": "torch.float32"}  # --quick: 10x fewer
+
+
+def test_bench_plot_without_matplotlib_fails_before_running(tmp_path):
+    r = run_cli("bench", "--quick", "--plot", str(tmp_path / "b.png"),
+                prelude="import sys; sys.modules['matplotlib'] = None")
+    assert r.returncode == 2
+    assert "--plot needs matplotlib" in r.stderr and "pip install torchext[bench]" in r.stderr
+    assert "device:" not in r.stdout  # nothing ran
+    assert not (tmp_path / "b.png").exists()
+
+
+def test_bench_plot_writes_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "b.png"
+    r = run_cli("bench", "--device", "cpu", "--quick", "--only", "asgd", "--plot", str(png),
+                prelude=TINY)
+    assert r.returncode == 0, r.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_rejects_unknown_benchmark_and_missing_gpu():
+    r = run_cli("bench", "--only", "asgd,nope")
+    assert r.returncode == 2 and "unknown benchmark nope" in r.stderr
+    if not torch.cuda.is_available():
+        r = run_cli("bench", "--device", "cuda", "--quick")
+        assert r.returncode == 2 and "no CUDA GPU is visible" in r.stderr
+
+
+def test_progress_bar_counts_every_case(monkeypatch):
+    class Bar:
+        def __init__(self, total):
+            self.total, self.n, self.closed = total, 0, False
+            bars.append(self)
+
+        def update(self):
+            self.n += 1
+
+        def set_postfix_str(self, s):
+            pass
+
+        def close(self):
+            self.closed = True
+
+    bars = []
+    monkeypatch.setattr(bench.asgd, "CASES", {"t": (2, 500, torch.float32)})
+    monkeypatch.setattr(bench.amp, "SIZE", 500)
+    env, results = bench.run("cpu", ["asgd", "amp"], quick=True, progress=Bar)
+    (bar,) = bars
+    assert bar.total == bar.n == 3 and bar.closed  # bandwidth + 2 cases
+    assert [len(v) for v in results.values()] == [1, 1]
+
+
+def test_thin_benchmark_script_prints_its_table():
+    code = TINY + textwrap.dedent(f"""
+        import runpy, sys
+        sys.argv = ["bench_amp.py", "--device", "cpu", "--quick"]
+        runpy.run_path({os.path.join(ROOT, "benchmarks", "bench_amp.py")!r},
+                       run_name="__main__")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "PYTHONPATH": ROOT}, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "scale + step + update, 20 x 2k fp32" in r.stdout
+    assert "| torchext GradScaler + ASGD (fused)" in r.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU branch")
+def test_gpu_check_without_gpu_says_so_and_fails(tmp_path):
+    # PATH without nvidia-smi, as on a machine without the NVIDIA driver
+    r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh")],
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PATH": "/usr/bin:/bin", "OUT": str(tmp_path)})
+    assert r.returncode == 1
+    assert "no NVIDIA GPU found" in r.stdout and "nothing was run" in r.stdout
+
+
+class _Ops:
+    """torch.ops.torchext with one op replaced (a planted bug)."""
+
+    def __init__(self, **replaced):
+        self.__dict__.update(replaced)
+
+    def __getattr__(self, name):
+        return getattr(torch.ops.torchext, name)
+
+
+def test_check_catches_a_wrong_kernel(monkeypatch):
+    real_asgd = torch.ops.torchext.asgd_
+
+    def asgd_lr_off_by_10_percent(*args, lr, **kw):
+        real_asgd(*args, lr=lr * 1.1, **kw)
+
+    def check_finite_never_flags(tensors, found_inf):
+        pass
+
+    monkeypatch.setattr(cli_check, "ops", _Ops(asgd_=asgd_lr_off_by_10_percent,
+                                               check_finite_=check_finite_never_flags))
+    outcomes = cli_check.run_checks(["cpu"], [c for c in cli_check.CHECKS
+                                              if c[0] in ("asgd_ (float lr)", "check_finite_")])
+    assert [o.ok for o in outcomes] == [False, False]
+    assert outcomes[0].worst > 1 and "param[" in outcomes[0].failures[0]
+    assert "found_inf=0.0 but inf/NaN present: True" in outcomes[1].failures[0]

@@ -1,0 +1,64 @@
+"""ASGD step: torchext (fused op) vs torch.optim.ASGD (foreach and for-loop),
+vs torch's fused SGD with momentum (same 20 B/element traffic), and vs the
+memory-bandwidth bound measured in the same run (the better of a large copy_
+and a large in-place add_, see common.py)."""
+import torch
+
+import torchext
+
+from .common import Result, make_params, table
+
+NAME = "asgd"
+
+#: One entry per case: name -> (tensors, elements per tensor, dtype). A new
+#: case is one more line here; --quick runs 10x fewer tensors of each.
+CASES = {
+    "(a) 200 x 50k fp32": (200, 50_000, torch.float32),
+    "(b) 1000 x 1k fp32": (1000, 1_000, torch.float32),
+    "(c) 10 x 5M fp32": (10, 5_000_000, torch.float32),
+    "(d) 200 x 50k bf16": (200, 50_000, torch.bfloat16),
+}
+
+SETUPS = ("torchext", "torch foreach", "torch for-loop", "fused SGD")
+
+
+def _time_step(env, factory, n, size, dtype):
+    params = make_params(n, size, dtype, env.device)
+    opt = factory(params)
+    opt.step()  # state created outside the timing
+    return env.time(opt.step)
+
+
+def run_case(env, name):
+    n, size, dtype = CASES[name]
+    if env.quick:
+        n = max(n // 10, 1)
+    kw = dict(lr=1e-3, t0=0)  # averaging on: the full update runs
+    factories = {
+        "torchext": lambda p: torchext.optim.ASGD(p, **kw),
+        "torch foreach": lambda p: torch.optim.ASGD(p, foreach=True, **kw),
+        "torch for-loop": lambda p: torch.optim.ASGD(p, foreach=False, **kw),
+        "fused SGD": lambda p: torch.optim.SGD(p, lr=1e-3, momentum=0.9, fused=True),
+    }
+    seconds = {k: _time_step(env, f, n, size, dtype) for k, f in factories.items()}
+    elem_bytes = torch.empty((), dtype=dtype).element_size()
+    moved = 5 * elem_bytes * n * size  # read p, g, ax; write p, ax
+    return Result.from_seconds(NAME, name, seconds, bytes_moved=moved, env=env,
+                               extra={"tensors": n, "numel": size, "dtype": str(dtype)})
+
+
+def cases(env):
+    return list(CASES)
+
+
+def report(env, results):
+    rows = [[r.case, f"{r.ms['torchext']:.2f}", f"{r.speedup['torch foreach']:.2f}x",
+             f"{r.speedup['torch for-loop']:.2f}x", f"{r.ms['fused SGD']:.2f}",
+             f"{r.speedup['fused SGD']:.2f}x", f"{r.bandwidth_fraction * 100:.0f}%"]
+            for r in results]
+    return "\n".join([
+        env.header(),
+        table(["shape", "torchext ms", "vs torch foreach", "vs torch for-loop",
+               "fused SGD ms", "vs fused SGD", "of bandwidth bound"], rows),
+        "ratios > 1x: torchext is faster. Bandwidth: 5 x element size x numel moved per step.",
+    ])
