@@ -233,10 +233,18 @@ def test_grad_scale_unscales_on_the_fly(dtype):
 
 
 def test_empty_list_is_noop():
-    ops.asgd_([], [], [], [], [], [], **KW)
-    ops.asgd_.tensor_lr([], [], [], [], [], [], **{**KW, "lr": torch.tensor(0.1)})
-    ops.check_finite_([], torch.zeros(()))
-    ops.unscale_([], torch.zeros(()), torch.ones(()))
+    """Empty lists are a no-op: found_inf stays 0, the scalars passed in are
+    untouched (asgd_ with grad_scale/found_inf; unscale_ with an inf scale)."""
+    found_inf, grad_scale, lr = torch.zeros(()), torch.tensor(float("inf")), torch.tensor(0.1)
+    before = [t.clone() for t in (found_inf, grad_scale, lr)]
+    ops.asgd_([], [], [], [], [], [], **KW, grad_scale=grad_scale, found_inf=found_inf)
+    ops.asgd_.tensor_lr([], [], [], [], [], [], **{**KW, "lr": lr}, grad_scale=grad_scale,
+                        found_inf=found_inf)
+    ops.check_finite_([], found_inf)
+    ops.unscale_([], found_inf, grad_scale)
+    for t, b in zip((found_inf, grad_scale, lr), before):
+        assert torch.equal(t, b)
+    assert found_inf.item() == 0.0
 
 
 def test_mixed_dtypes_in_one_call():

@@ -86,6 +86,15 @@ build_info = {
 }
 
 
+def cpu_isa() -> str:
+    """The instruction set the CPU kernels run here ("default", "avx2" or
+    "avx512"), chosen like ATen's own (ATEN_CPU_CAPABILITY overrides it)."""
+    import ctypes
+    fn = ctypes.CDLL(library_path).torchext_cpu_isa
+    fn.restype = ctypes.c_char_p
+    return fn().decode().lower()
+
+
 def has_cuda_kernels() -> bool:
     """True when the loaded library has CUDA kernels (not whether a GPU exists)."""
     return build_info["cuda"]
@@ -93,5 +102,6 @@ def has_cuda_kernels() -> bool:
 
 from . import amp, optim  # noqa: E402,F401
 
-__all__ = ["optim", "amp", "build_info", "has_cuda_kernels", "library_path", "cmake_prefix_path",
+__all__ = ["optim", "amp", "build_info", "cpu_isa", "has_cuda_kernels", "library_path",
+           "cmake_prefix_path",
            "__version__"]

@@ -20,6 +20,13 @@ const Kernels& kernels() {
   }();
   return chosen;
 }
-
 }  // namespace cpu
 }  // namespace torchext
+
+// Which build the CPU kernels run: "DEFAULT", "AVX2" or "AVX512". A plain C
+// symbol, not an op: it is build information (torchext.cpu_isa(), `python -m
+// torchext info`, the per-ISA tests), nothing a graph should trace.
+extern "C" __attribute__((visibility("default"))) const char* torchext_cpu_isa() {
+  return torchext::cpu::kernels().isa;
+}
+
