@@ -7,7 +7,7 @@ import functools
 import torch
 
 from ._amp_state import _amp_state, _casts_disabled
-from ._utils import HALF_DTYPES, _apply, _caster, _model_device_type
+from ._casting import HALF_DTYPES, _apply, _caster, _model_device_type
 
 
 def _default_autocast_dtype(device_type: str) -> torch.dtype:

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from ._amp_state import _amp_state
-from ._utils import HALF_DTYPES
+from ._casting import HALF_DTYPES
 
 
 class _OptStash:
@@ -31,9 +31,9 @@ def _stash(optimizer) -> _OptStash:
     stash = getattr(optimizer, "_torchext_amp", None)
     if stash is None:
         raise RuntimeError(
-            "This optimizer was not passed to amp.initialize. Pass every optimizer to the one "
-            "amp.initialize call (amp.initialize(model, [opt1, opt2], ...)) and use the ones it "
-            "returns; or, without the apex API, use torchext.amp.GradScaler directly.")
+            "This optimizer was not passed to amp.initialize. Pass it (with its model) to "
+            "amp.initialize and use the optimizer it returns; or, without the apex API, use "
+            "torchext.amp.GradScaler directly.")
     return stash
 
 

@@ -1,5 +1,6 @@
-"""``initialize`` (opt levels and their properties), ``reset``, and the
-loss scalers' checkpoint state (``state_dict``/``load_state_dict``)."""
+"""``initialize`` (opt levels and their properties), ``reset``,
+``master_params``, and the loss scalers' checkpoint state
+(``state_dict``/``load_state_dict``)."""
 from __future__ import annotations
 
 import warnings
@@ -10,9 +11,9 @@ import torch
 from torch import Tensor
 
 from ._amp_state import _amp_state, _require_state
+from ._casting import HALF_DTYPES
 from ._initialize import _cast_model, _check_model, _check_optimizer, _patch_forward
 from ._process_optimizer import _process_optimizer, _register_master_refresh
-from ._utils import HALF_DTYPES
 from .scaler import _LossScaler
 
 _OPT_LEVELS = ("O0", "O1", "O2", "O3")

@@ -7,8 +7,8 @@ from typing import Iterator
 import torch
 
 from ._amp_state import _amp_state, _local, _require_state
+from ._casting import _model_device_type
 from ._process_optimizer import _stash
-from ._utils import _model_device_type
 
 
 def _optimizer_list(optimizers) -> list[torch.optim.Optimizer]:

@@ -7,7 +7,7 @@ import functools
 import torch
 
 from ._amp_state import _casts_disabled
-from ._utils import _apply, _caster, _first_tensor, _floating_dtypes
+from ._casting import _apply, _caster, _first_tensor, _floating_dtypes
 
 
 def _cast_wrapper(fn, mode: str):

@@ -1,5 +1,5 @@
-"""Helpers shared by the apex layer's modules: the half dtypes, a model's
-device, and casting the tensors of nested containers."""
+"""Dtype and device helpers shared by the apex layer: the half dtypes, a
+model's device, and casting the tensors of nested containers."""
 from __future__ import annotations
 
 from collections import OrderedDict
