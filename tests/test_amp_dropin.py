@@ -296,3 +296,64 @@ def test_uncoalesced_fp16_sparse_grad_kept_when_a_later_device_is_refused():
     assert emb.weight.grad.is_coalesced()  # as torch
     torch.testing.assert_close(emb.weight.grad.to_dense()[1], torch.full((3,), 2.0,
                                                                           dtype=torch.float16))
+
+
+# ------------------------------------------------------------- public hooks
+
+def test_found_inf_is_the_recorded_count_for_that_optimizer():
+    model = small_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    ref, ours = scalers()
+    counts = []
+    for scaler in (ref, ours):
+        opt.zero_grad()
+        backward(model, scaler, poison=float("inf"))
+        scaler.unscale_(opt)
+        counts.append(sum(f.item() for f in scaler._found_inf_per_device(opt).values()))
+    found = ours.found_inf(opt)
+    assert found.shape == () and found.device == ours._scale.device
+    assert found.item() == counts[0] == counts[1] == 1.0
+    ours.step(opt)
+    ours.update()
+    with pytest.raises(AssertionError, match="No inf checks were recorded"):
+        ours.found_inf(opt)
+
+
+class Wrapper:
+    """An optimizer wrapper whose param_groups is a property (as some
+    frameworks' wrappers): the scaler reads the groups through it."""
+
+    def __init__(self, opt):
+        self.opt = opt
+
+    @property
+    def param_groups(self):
+        return self.opt.param_groups
+
+    def step(self, *args, **kwargs):
+        return self.opt.step(*args, **kwargs)
+
+
+def test_param_groups_of_optimizers_and_wrappers():
+    from torchext.amp.grad_scaler import param_groups
+    params = []
+    for scaler in scalers():
+        model = small_model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        assert param_groups(opt) is opt.param_groups
+        wrapped = Wrapper(opt)
+        assert param_groups(wrapped) is opt.param_groups
+        for i in range(4):
+            opt.zero_grad()
+            backward(model, scaler, poison=float("inf") if i == 1 else None)
+            scaler.step(wrapped)
+            scaler.update()
+        params.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*params))
+
+
+@pytest.mark.parametrize("init_scale", [0.0, -1.0, float("nan")])
+def test_init_scale_is_checked_as_the_cpp_scaler(init_scale):
+    with pytest.raises(ValueError, match="init_scale must be > 0"):
+        GradScaler(init_scale=init_scale)
+    assert not GradScaler(init_scale=init_scale, enabled=False).is_enabled()
