@@ -636,6 +636,16 @@ def test_other_errors():
         opt.step(lambda: None)
 
 
+def test_public_names():
+    """torchext.amp exports apex's API and reset(), and no private state."""
+    for name in ("initialize", "scale_loss", "master_params", "state_dict", "load_state_dict",
+                 "disable_casts", "register_half_function", "register_float_function",
+                 "register_promote_function", "half_function", "float_function",
+                 "promote_function", "reset"):
+        assert name in amp.__all__ and getattr(amp, name) is getattr(amp_apex, name)
+    assert not hasattr(amp, "_amp_state")
+
+
 def test_reset_restores_patches():
     model = plain_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)

@@ -179,6 +179,8 @@ class GradScaler(torch.amp.GradScaler):
             self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
 
     # ------------------------------------------------------------------ state
+    # _check_scale_growth_tracker is torch's, restated because step() calls
+    # it inside compiled code (see the module docstring).
 
     def _check_scale_growth_tracker(self, funcname: str) -> tuple[Tensor, Tensor]:
         fix = ("This may indicate your script did not use scaler.scale(loss or outputs) "
