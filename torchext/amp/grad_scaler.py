@@ -366,7 +366,7 @@ class GradScaler(torch.amp.GradScaler):
         if stage is OptState.STEPPED:
             raise RuntimeError("step() has already been called since the last update().")
         if getattr(optimizer, "_step_supports_amp_scaling", False):
-            retval = self._step_supports_amp_scaling(optimizer, stage, args, kwargs)
+            retval = self._fused_step(optimizer, stage, args, kwargs)
         else:
             if stage is OptState.READY:
                 self.unscale_(optimizer)
@@ -377,7 +377,7 @@ class GradScaler(torch.amp.GradScaler):
         self._per_optimizer_states[id(optimizer)]["stage"] = OptState.STEPPED
         return retval
 
-    def _step_supports_amp_scaling(self, optimizer, stage, args, kwargs):
+    def _fused_step(self, optimizer, stage, args, kwargs):
         """The optimizer unscales and skips by itself. Nothing is recorded
         for it until its step returned."""
         if _step_takes_grad_scaler(optimizer):
@@ -394,6 +394,7 @@ class GradScaler(torch.amp.GradScaler):
         found_inf = self._combined_found_inf([{"found_inf_per_device": found_per_device}])
         # Already unscaled (e.g. for clipping): do not unscale twice. A
         # grad_scale already on the optimizer is multiplied in, as torch does.
+        had_scale = hasattr(optimizer, "grad_scale")
         user_scale = getattr(optimizer, "grad_scale", None)
         if stage is OptState.UNSCALED:
             grad_scale = user_scale
@@ -404,11 +405,11 @@ class GradScaler(torch.amp.GradScaler):
         try:
             retval = optimizer.step(*args, **kwargs)
         except BaseException:
-            # Refused: the optimizer keeps the grad_scale it had.
-            if user_scale is None:
-                del optimizer.grad_scale
-            else:
+            # Refused: the optimizer keeps the grad_scale it had, if any.
+            if had_scale:
                 optimizer.grad_scale = user_scale
+            else:
+                del optimizer.grad_scale
             del optimizer.found_inf
             raise
         del optimizer.grad_scale
