@@ -357,3 +357,22 @@ def test_init_scale_is_checked_as_the_cpp_scaler(init_scale):
     with pytest.raises(ValueError, match="init_scale must be > 0"):
         GradScaler(init_scale=init_scale)
     assert not GradScaler(init_scale=init_scale, enabled=False).is_enabled()
+
+
+def test_sparse_grad_refused_by_asgd_leaves_the_scaler_as_it_was():
+    """The fused path: the scaler's read-only check accepts the sparse grad's
+    values and torchext's ASGD refuses it. Nothing the scaler owns changes:
+    no records, grads as they were, no grad_scale/found_inf left behind.
+    (That ASGD itself changes nothing is tested with ASGD, issue 11.)"""
+    emb = torch.nn.Embedding(10, 3, sparse=True)
+    lin = torch.nn.Linear(3, 2)
+    opt = torchext.optim.ASGD([{"params": lin.parameters()}, {"params": emb.parameters()}],
+                              lr=0.05)
+    scaler = GradScaler(**KW)
+    scaler.scale(lin(emb(torch.tensor([1, 2]))).sum()).backward()
+    before = everything(lin, opt, scaler)
+    with pytest.raises(RuntimeError, match="sparse"):
+        scaler.step(opt)
+    after = everything(lin, opt, scaler)
+    for key in ("grads", "grad_ids", "scaler", "records", "attrs"):
+        assert_same(after[key], before[key])
