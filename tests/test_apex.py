@@ -15,6 +15,7 @@ import torchext
 from torchext import amp
 from torchext.amp import GradScaler
 from torchext.amp import apex as amp_apex
+from torchext.amp.apex._amp_state import _amp_state
 from conftest import requires_cuda
 from helpers import data
 
@@ -165,7 +166,7 @@ def test_o1_matches_autocast_and_gradscaler_by_hand(opt_name, unscale_first):
     m1 = plain_model()
     o1 = OPTIMIZERS[opt_name](m1.parameters())
     m1, o1 = amp.initialize(m1, o1, opt_level="O1", verbosity=0)
-    amp._amp_state.loss_scalers[0].scaler.set_growth_interval(4)  # exercise growth too
+    _amp_state.loss_scalers[0].scaler.set_growth_interval(4)  # exercise growth too
     # by hand: the same scaler settings as apex's dynamic scale
     m2 = plain_model()
     o2 = OPTIMIZERS[opt_name](m2.parameters())
@@ -179,7 +180,7 @@ def test_o1_matches_autocast_and_gradscaler_by_hand(opt_name, unscale_first):
             if i in INF_AT:
                 poison(m1.parameters(), INF_AT[i])
         o1.step()
-        r1.append((amp._amp_state.loss_scalers[0].loss_scale(), loss.item()))
+        r1.append((_amp_state.loss_scalers[0].loss_scale(), loss.item()))
 
         o2.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -228,7 +229,7 @@ def test_o2_masters_get_the_update_and_overflow_skips(opt_name):
     for m, p0 in zip(masters, init):
         assert m.dtype == torch.float32 and torch.equal(m, p0)
     x, y = data()
-    scaler = amp._amp_state.loss_scalers[0]
+    scaler = _amp_state.loss_scalers[0]
 
     # a normal step: masters get lr * (model's fp16 grad, unscaled in fp32)
     opt.zero_grad()
@@ -302,7 +303,7 @@ def test_o3_dynamic_scale_unscales_fp16_grads():
     with amp.scale_loss(loss, opt) as scaled:
         scaled.backward()
         poison(model.parameters())
-    assert amp._amp_state.loss_scalers[0].loss_scale() == 2.0**15
+    assert _amp_state.loss_scalers[0].loss_scale() == 2.0**15
     before = [p.detach().clone() for p in model.parameters()]
     opt.step()
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
@@ -325,7 +326,7 @@ def test_static_loss_scale_stays_and_skips_overflow():
         opt.step()
         changed = any(not torch.equal(p, b) for p, b in zip(model.parameters(), before))
         assert changed == (i != 1)
-        assert amp._amp_state.loss_scalers[0].loss_scale() == 128.0
+        assert _amp_state.loss_scalers[0].loss_scale() == 128.0
 
 
 # ------------------------------------------------------------ two losses
@@ -348,7 +349,7 @@ def test_two_losses_have_separate_scales():
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     model, opt = amp.initialize(model, opt, opt_level="O0", loss_scale="dynamic", num_losses=2,
                                 verbosity=0)
-    s0, s1 = amp._amp_state.loss_scalers
+    s0, s1 = _amp_state.loss_scalers
     s1.load(2.0**10, 0)
     l0, l1 = two_losses(model, x, y)
     with amp.scale_loss(l0, opt, loss_id=0) as scaled:
@@ -429,7 +430,7 @@ def test_state_dict_round_trip_and_apex_format():
     # an apex checkpoint's "amp" entry: unskipped maps to the growth tracker
     apex_ckpt = {"loss_scaler0": {"loss_scale": 1024.0, "unskipped": 1999}}
     amp.load_state_dict(apex_ckpt)
-    scaler = amp._amp_state.loss_scalers[0]
+    scaler = _amp_state.loss_scalers[0]
     assert scaler._loss_scale == 1024.0 and scaler._unskipped == 1999
     assert scaler.scaler._get_growth_tracker() == 1999
     opt.zero_grad()
@@ -544,18 +545,49 @@ def test_o2_accumulation_with_delay_unscale():
         scaled.backward()
     with amp.scale_loss(F.mse_loss(model(chunks[1][0]), chunks[1][1]), opt) as scaled:
         scaled.backward()
-    scale = amp._amp_state.loss_scalers[0].loss_scale()
+    scale = _amp_state.loss_scalers[0].loss_scale()
     for p, m in zip(model.parameters(), amp.master_params(opt)):
         assert torch.equal(m.grad, p.grad.float() * (1.0 / scale))  # both chunks, unscaled
 
 
 # ------------------------------------------------------------------ errors
 
-def test_initialize_twice_raises_and_names_the_alternative():
-    model = plain_model()
-    amp.initialize(model, opt_level="O1", verbosity=0)
-    with pytest.raises(RuntimeError, match=r"once.*as lists.*reset\(\)"):
-        amp.initialize(plain_model(1), opt_level="O1", verbosity=0)
+def test_initialize_again_as_apex():
+    """apex allows another initialize with new models and optimizers (a second
+    model, a rerun notebook cell); the new call's loss scalers replace the
+    old ones. It refuses an optimizer that went through initialize already,
+    and non-fp32 models."""
+    m1 = plain_model()
+    o1 = torch.optim.SGD(m1.parameters(), lr=0.05)
+    m1, o1 = amp.initialize(m1, o1, opt_level="O1", verbosity=0)
+    first = list(_amp_state.loss_scalers)
+    with pytest.raises(RuntimeError, match="A given optimizer should only be passed through "
+                                           "amp.initialize once"):
+        amp.initialize(plain_model(1), o1, opt_level="O1", verbosity=0)
+    with pytest.raises(RuntimeError, match="expects an fp32 model"):
+        amp.initialize(plain_model(1).half(), opt_level="O2", verbosity=0)
+    assert _amp_state.loss_scalers == first  # the refused calls changed nothing
+    m2 = plain_model(1)
+    o2 = torch.optim.SGD(m2.parameters(), lr=0.05)
+    m2, o2 = amp.initialize(m2, o2, opt_level="O2", num_losses=2, verbosity=0)
+    assert len(_amp_state.loss_scalers) == 2
+    assert all(ls not in first for ls in _amp_state.loss_scalers)  # replaced
+    assert _amp_state.opt_properties["opt_level"] == "O2"
+    # Both set-ups keep working: the O1 model still autocasts, the O2 model is half.
+    x, y = data()
+    for model, opt in ((m1, o1), (m2, o2)):
+        w0 = [p.detach().clone() for p in model.parameters()]
+        with amp.scale_loss(F.mse_loss(model(x).float(), y), opt) as scaled:
+            scaled.backward()
+        opt.step()
+        assert all(not torch.equal(p, w) for p, w in zip(model.parameters(), w0))
+    assert m1(x).dtype == torch.bfloat16  # still O1: its forward autocasts (bf16 on CPU)
+    assert next(m2.parameters()).dtype == torch.float16
+    # The same O1 model again: one patch, not two nested ones.
+    m1 = amp.initialize(m1, opt_level="O1", verbosity=0)
+    assert m1.forward.previous is None
+    amp_apex.reset()
+    assert "forward" not in m1.__dict__ and type(o1) is torch.optim.SGD
 
 
 def test_initialize_after_parallel_wrapping_raises(tmp_path):
@@ -573,7 +605,7 @@ def test_initialize_after_parallel_wrapping_raises(tmp_path):
     finally:
         if own:
             dist.destroy_process_group()
-    assert not amp._amp_state.initialized  # a failed initialize leaves nothing behind
+    assert not _amp_state.initialized  # a failed initialize leaves nothing behind
 
 
 def test_other_errors():
@@ -590,7 +622,7 @@ def test_other_errors():
         amp.initialize(plain_model(), object(), verbosity=0)
     with pytest.raises(RuntimeError, match="torch.compile"):
         amp.initialize(torch.compile(plain_model()), verbosity=0)
-    assert not amp._amp_state.initialized
+    assert not _amp_state.initialized
     model = plain_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     model, opt = amp.initialize(model, opt, verbosity=0)
@@ -602,6 +634,16 @@ def test_other_errors():
         with amp.scale_loss(F.mse_loss(model(data()[0]), data()[1]), opt) as scaled:
             scaled.backward()
         opt.step(lambda: None)
+
+
+def test_public_names():
+    """torchext.amp exports apex's API and reset(), and no private state."""
+    for name in ("initialize", "scale_loss", "master_params", "state_dict", "load_state_dict",
+                 "disable_casts", "register_half_function", "register_float_function",
+                 "register_promote_function", "half_function", "float_function",
+                 "promote_function", "reset"):
+        assert name in amp.__all__ and getattr(amp, name) is getattr(amp_apex, name)
+    assert not hasattr(amp, "_amp_state")
 
 
 def test_reset_restores_patches():
@@ -808,4 +850,4 @@ def test_o1_cuda_overflow_skips_on_device_without_sync():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
-    assert amp._amp_state.loss_scalers[0].loss_scale() == 2.0**15
+    assert _amp_state.loss_scalers[0].loss_scale() == 2.0**15

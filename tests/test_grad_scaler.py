@@ -425,28 +425,38 @@ def test_getters_setters():
     assert (s.get_growth_factor(), s.get_backoff_factor(), s.get_growth_interval()) == (3.0, 0.25, 7)
 
 
-@pytest.mark.parametrize("example", ["gradscaler_update_optimizer.py",
-                                     "gradscaler_update_epochs.py",
-                                     "gradscaler_update_no_optimizer.py"])
-def test_user_examples_print_what_torch_prints(example, capsys):
-    """Each documented program runs with only the import changed; our scaler
-    infers CPU and is *enabled*, and prints what torch prints with its
-    (CUDA-less, so disabled) scaler: power-of-two scaling is exact."""
+# torch's reference for each example: update(optimizer) is torchext's, so
+# torch runs those disabled (unscaled steps print the same numbers: power-of-
+# two scaling is exact); the no-optimizer one runs torch's enabled scaler.
+TORCH_DISABLED = "import functools, torch.amp\nGradScaler = functools.partial(torch.amp.GradScaler, enabled=False)"
+TORCH_ENABLED = "from torch.amp import GradScaler"
+
+
+@pytest.mark.parametrize("example,reference", [
+    ("gradscaler_update_optimizer.py", TORCH_DISABLED),
+    ("gradscaler_update_epochs.py", TORCH_DISABLED),
+    ("gradscaler_update_no_optimizer.py", TORCH_ENABLED)])
+def test_user_examples_print_what_torch_prints(example, reference, capsys):
+    """Each documented program runs with only the import changed, with our
+    scaler enabled, and prints what torch prints."""
     path = os.path.join(EXAMPLES, example)
+    src = open(path).read()
+    assert "\t" not in src and "torch.cuda.amp" not in src
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+        warnings.simplefilter("error", FutureWarning)  # no deprecated autocast
         ns = runpy.run_path(path, run_name="__main__")
         ours = capsys.readouterr().out
-        assert ns["scaler"].is_enabled() and ns["scaler"].get_scale() == 2.0**16
-        src = open(path).read().replace("from torchext.amp import GradScaler",
-                                        "from torch.cuda.amp import GradScaler")
-        code = compile(src, path, "exec")
+        assert ns["scaler"].is_enabled()
+        code = compile(src.replace("from torchext.amp import GradScaler", reference), path, "exec")
         ns_torch = {"__name__": "__main__"}
         exec(code, ns_torch)
         theirs = capsys.readouterr().out
     assert ours == theirs and ours.strip()
-    if not torch.cuda.is_available():
-        assert not ns_torch["scaler"].is_enabled()
+    if example == "gradscaler_update_no_optimizer.py":
+        assert "optimizer" not in ns and ns["scaler"].get_scale() == 2.0**12
+        assert "No inf checks were recorded" in ours
+    else:
+        assert ns["scaler"].get_scale() == 2.0**16 and not ns_torch["scaler"].is_enabled()
 
 
 def test_sync_free_lr_schedule_recipe_from_readme():

@@ -1,65 +1,104 @@
 """``torchext.amp.GradScaler``: torch's GradScaler API on torchext's ops, with
-no host sync on the fused path and what users asked for beyond torch."""
+no host sync on the fused path and what users asked for beyond torch.
+
+It extends ``torch.amp.GradScaler`` as torch's own ``ShardedGradScaler`` does:
+``super().__init__``, torch's ``OptState``, and only the methods that differ
+overridden. One constraint decides which: Dynamo does not trace code defined
+in torch/amp/grad_scaler.py, so everything a compiled training step calls
+(``scale``, ``unscale_``, ``step``, ``update`` and their helpers) is defined
+here, and only host-side methods (getters, setters, pickling) are inherited.
+"""
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections import defaultdict
-from enum import Enum
 from typing import Any, Iterable
 
 import torch
 from torch import Tensor
+from torch.amp.grad_scaler import OptState
 
 from ..optim._dtensor import to_local
 
-__all__ = ["GradScaler", "OptState"]
+__all__ = ["GradScaler", "OptState", "param_groups"]
 
 STATE_DICT_VERSION = 1
 
 
-class OptState(Enum):
-    READY = 0
-    UNSCALED = 1
-    STEPPED = 2
-
-
 def _refresh_per_optimizer_state() -> dict[str, Any]:
+    # torch's function of the same name, defined here so that Dynamo traces
+    # the defaultdict's factory inside a compiled step.
     return {"stage": OptState.READY, "found_inf_per_device": {}}
 
 
-def _grads_by_device(optimizer, allow_fp16: bool):
-    """The optimizer's gradients, grouped by device (sparse ones by values),
-    and whether any was a DTensor (sharded: each rank sees only its shard)."""
-    out: dict[torch.device, list[Tensor]] = defaultdict(list)
-    sharded = False
-    # torchext optimizers expose their groups as `_groups` too: reading
-    # `param_groups` inside torch.compile triggers Dynamo's optimizer
-    # special-casing (see torchext.optim.ASGD._refresh_views).
-    groups = optimizer._current_groups() if hasattr(optimizer, "_current_groups") \
-        else optimizer.param_groups
-    for group in groups:
-        for param in group["params"]:
-            # DTensor (FSDP2) grads: the ops check/unscale this rank's shard;
-            # found_inf is then all-reduced over process_group.
-            if param.grad is None:
-                continue
-            grad = to_local(param.grad)
-            sharded = sharded or grad is not param.grad
-            if not allow_fp16 and grad.dtype == torch.float16:
-                raise ValueError("Attempting to unscale FP16 gradients.")
-            if grad.is_sparse:
-                if grad.dtype is torch.float16:
-                    param.grad = grad = grad.coalesce()
-                grad = grad._values()
-            out[grad.device].append(grad)
-    return out, sharded
+def param_groups(optimizer) -> list[dict[str, Any]]:
+    """The optimizer's param groups, read so that it also works inside
+    ``torch.compile``: the scaler reads gradients through this.
+
+    Dynamo intercepts the attribute ``param_groups`` of a
+    ``torch.optim.Optimizer`` (it marks the params static, may flip
+    ``capturable``) and, in a fullgraph step with an in-graph backward,
+    gradients read through it are the stale ones from before the backward
+    (the step then sees none). The same list read from the instance's
+    ``__dict__`` is traced like any attribute. Optimizers whose
+    ``param_groups`` is a property (wrappers) are read through it."""
+    groups = optimizer.__dict__.get("param_groups")
+    return optimizer.param_groups if groups is None else groups
+
+
+def _step_takes_grad_scaler(optimizer) -> bool:
+    # torch's older contract for _step_supports_amp_scaling optimizers: a
+    # step(grad_scaler=...) keyword gets the scaler itself.
+    return "grad_scaler" in inspect.signature(optimizer.step).parameters
+
+
+class _GradsByDevice:
+    """The optimizer's gradients grouped by device (sparse ones by their
+    values), gathered and checked in full before anything is written.
+
+    ``sharded``: some grad was a DTensor (each rank sees only its shard).
+    ``coalesced``: (param, coalesced grad) for uncoalesced fp16 sparse grads;
+    assigned to ``param.grad`` only by a pass that writes (unscale)."""
+
+    def __init__(self, optimizer, allow_fp16: bool) -> None:
+        self.lists: dict[torch.device, list[Tensor]] = defaultdict(list)
+        self.sharded = False
+        self.coalesced: list[tuple[Tensor, Tensor]] = []
+        for group in param_groups(optimizer):
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                # DTensor (FSDP2) grads: the ops check/unscale this rank's
+                # shard; found_inf is then all-reduced over process_group.
+                grad = to_local(param.grad)
+                self.sharded = self.sharded or grad is not param.grad
+                if not allow_fp16 and grad.dtype == torch.float16:
+                    raise ValueError("Attempting to unscale FP16 gradients.")
+                if grad.is_sparse:
+                    if grad.dtype is torch.float16 and not grad.is_coalesced():
+                        grad = grad.coalesce()
+                        self.coalesced.append((param, grad))
+                    grad = grad._values()
+                self.lists[grad.device].append(grad)
+
+    def validate(self, op) -> None:
+        """Runs ``op``'s checks on every device's list but the first, on
+        shadows on the meta device, so that a list the op refuses on a later
+        device is refused before the first device's list is written (each
+        op call checks its own list in full before writing)."""
+        for grads in list(self.lists.values())[1:]:
+            shadows = [torch.empty_like(g, device="meta") for g in grads]
+            found = torch.zeros((), dtype=torch.float32, device="meta")
+            op(shadows, found)
 
 
 class GradScaler(torch.amp.GradScaler):
     r"""Dynamic loss scaling, as :class:`torch.amp.GradScaler`, on torchext ops.
 
     Every public method of ``torch.amp.GradScaler`` works the same, with the
-    same errors for misuse. Beyond torch:
+    same errors for misuse, and ``_per_optimizer_states[id(opt)]["stage"]``
+    holds torch's :class:`~torch.amp.grad_scaler.OptState`. Beyond torch:
 
     Args:
         device (str, optional): ``"cuda"``, ``"cpu"``, ... Default ``None``:
@@ -87,6 +126,11 @@ class GradScaler(torch.amp.GradScaler):
     and ``found_inf`` to the optimizer, which unscales on the fly and skips
     on the device: no ``.item()``, no separate unscale pass. Other
     optimizers get torch's behaviour: unscale, a host check, then step.
+
+    :meth:`step` and :meth:`unscale_` are all-or-nothing: every gradient of
+    every group and device is checked before the first one is written, and
+    when the optimizer's step raises, the scaler's records for that
+    optimizer are as they were before the call.
     """
 
     def __init__(
@@ -104,22 +148,15 @@ class GradScaler(torch.amp.GradScaler):
         allow_fp16: bool = False,
         process_group: Any = None,
     ) -> None:
-        # torch.amp.GradScaler.__init__ is not called: every attribute it sets
-        # is set here (same names, so code that peeks at them keeps working).
-        self._device = device
-        self._enabled = enabled
-        if device == "cuda" and enabled and not torch.cuda.is_available():
-            warnings.warn(
-                "torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.",
-                stacklevel=2)
-            self._enabled = False
+        # torch checks growth/backoff factors (AssertionError, its messages)
+        # and disables a "cuda" scaler without CUDA; the rest is checked here.
+        super().__init__(device, init_scale, growth_factor, backoff_factor, growth_interval,
+                         enabled)
         self._allow_fp16 = allow_fp16
         self._process_group = process_group
         if self._enabled:
-            if growth_factor <= 1.0:
-                raise AssertionError("The growth factor must be > 1.0.")
-            if backoff_factor >= 1.0:
-                raise AssertionError("The backoff factor must be < 1.0.")
+            if not init_scale > 0.0:
+                raise ValueError(f"init_scale must be > 0, got {init_scale}")
             if backoff_factor <= 0.0:
                 raise ValueError("The backoff factor must be > 0.0.")
             if int(growth_interval) < 1:
@@ -130,13 +167,7 @@ class GradScaler(torch.amp.GradScaler):
             hi = float("inf") if max_scale is None else float(max_scale)
             if not 0.0 <= lo <= hi:
                 raise ValueError(f"need 0 <= min_scale <= max_scale, got {min_scale}, {max_scale}")
-            self._init_scale = init_scale
-            self._scale: Tensor | None = None
-            self._growth_factor = growth_factor
-            self._backoff_factor = backoff_factor
             self._growth_interval = int(growth_interval)
-            self._init_growth_tracker = 0
-            self._growth_tracker: Tensor | None = None
             self._hysteresis = int(hysteresis)
             self._init_hysteresis_tracker = int(hysteresis)
             self._hysteresis_tracker: Tensor | None = None
@@ -145,10 +176,11 @@ class GradScaler(torch.amp.GradScaler):
             self._init_skipped_steps = 0
             self._skipped_steps: Tensor | None = None
             self._last_step_skipped: Tensor | None = None
-            self._per_optimizer_states: dict[int, dict[str, Any]] = defaultdict(
-                _refresh_per_optimizer_state)
+            self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
 
     # ------------------------------------------------------------------ state
+    # _check_scale_growth_tracker is torch's, restated because step() calls
+    # it inside compiled code (see the module docstring).
 
     def _check_scale_growth_tracker(self, funcname: str) -> tuple[Tensor, Tensor]:
         fix = ("This may indicate your script did not use scaler.scale(loss or outputs) "
@@ -172,6 +204,12 @@ class GradScaler(torch.amp.GradScaler):
         self._skipped_steps = torch.full((), self._init_skipped_steps, dtype=torch.int64,
                                          device=dev)
         self._last_step_skipped = torch.zeros((), dtype=torch.bool, device=dev)
+
+    def _optimizer_state(self, optimizer) -> dict[str, Any]:
+        """This iteration's record for ``optimizer``, without creating one:
+        a call that fails leaves ``_per_optimizer_states`` as it was."""
+        state = self._per_optimizer_states.get(id(optimizer))
+        return _refresh_per_optimizer_state() if state is None else state
 
     # ------------------------------------------------------------------ scale
 
@@ -226,34 +264,56 @@ class GradScaler(torch.amp.GradScaler):
 
     def _unscale_grads_(self, optimizer, inv_scale: Tensor, found_inf: Tensor,
                         allow_fp16: bool) -> dict[torch.device, Tensor]:
-        """Unscales the grads in place and checks them (one pass per device)."""
+        """Unscales the grads in place and checks them (one pass per device),
+        after every device's grads passed the op's checks."""
+        grads = _GradsByDevice(optimizer, allow_fp16)
+        unscale = torch.ops.torchext.unscale_
+        grads.validate(lambda ts, found: unscale(ts, found, torch.ones_like(found)))
+        for param, coalesced in grads.coalesced:
+            param.grad = coalesced
         found_per_device: dict[torch.device, Tensor] = {}
-        by_device, sharded = _grads_by_device(optimizer, allow_fp16)
         with torch.no_grad():
-            for device, grads in by_device.items():
+            for device, tensors in grads.lists.items():
                 found = found_inf if found_inf.device == device else found_inf.to(device, copy=True)
-                torch.ops.torchext.unscale_(grads, found, inv_scale.to(device, non_blocking=True))
+                unscale(tensors, found, inv_scale.to(device, non_blocking=True))
                 found_per_device[device] = found
-        self._sync_found_inf(found_per_device, sharded)
+        self._sync_found_inf(found_per_device, grads.sharded)
+        return found_per_device
+
+    def _check_inf_grads(self, optimizer) -> dict[torch.device, Tensor]:
+        """Read-only inf/NaN check of the grads (the fused path): they are
+        read once and nothing but the returned found_inf is written."""
+        grads = _GradsByDevice(optimizer, allow_fp16=True)
+        check = torch.ops.torchext.check_finite_
+        grads.validate(check)
+        found_per_device: dict[torch.device, Tensor] = {}
+        with torch.no_grad():
+            for device, tensors in grads.lists.items():
+                found = torch.zeros((), dtype=torch.float32, device=device)
+                check(tensors, found)
+                found_per_device[device] = found
+        self._sync_found_inf(found_per_device, grads.sharded)
         return found_per_device
 
     def _check_inf_per_device(self, optimizer) -> dict[torch.device, Tensor]:
-        """Read-only inf/NaN check of the grads (the fused path): they are
-        read once and nothing but found_inf is written."""
-        scale, _ = self._check_scale_growth_tracker("_check_inf_per_device")
-        found_per_device: dict[torch.device, Tensor] = {}
-        by_device, sharded = _grads_by_device(optimizer, allow_fp16=True)
-        with torch.no_grad():
-            for device, grads in by_device.items():
-                found = torch.zeros((), dtype=torch.float32, device=device)
-                torch.ops.torchext.check_finite_(grads, found)
-                found_per_device[device] = found
-        self._sync_found_inf(found_per_device, sharded)
+        # torch's name: checks and records the result for `optimizer`.
+        self._check_scale_growth_tracker("_check_inf_per_device")
+        found_per_device = self._check_inf_grads(optimizer)
         self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = found_per_device
         return found_per_device
 
-    def _found_inf_per_device(self, optimizer) -> dict[torch.device, Tensor]:
-        return self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+    def found_inf(self, optimizer) -> Tensor:
+        """How many inf/NaN checks failed for ``optimizer`` since the last
+        :meth:`update` (its :meth:`unscale_` or :meth:`step`), summed over
+        devices: a 0-d float32 tensor on the scale's device, read without a
+        host sync. Nonzero means its step is (or was) skipped. Raises when
+        nothing was recorded for it."""
+        state = self._per_optimizer_states.get(id(optimizer))
+        if state is None or not state["found_inf_per_device"]:
+            raise AssertionError(
+                "No inf checks were recorded for this optimizer; call "
+                "scaler.unscale_(optimizer) or scaler.step(optimizer) first.")
+        return self._combined_found_inf([state])
 
     def unscale_(self, optimizer) -> None:
         """Divides ("unscales") the optimizer's gradients by the scale, and
@@ -261,7 +321,7 @@ class GradScaler(torch.amp.GradScaler):
         if not self._enabled:
             return
         self._check_scale_growth_tracker("unscale_")
-        optimizer_state = self._per_optimizer_states[id(optimizer)]
+        optimizer_state = self._optimizer_state(optimizer)
         if optimizer_state["stage"] is OptState.UNSCALED:
             raise RuntimeError(
                 "unscale_() has already been called on this optimizer since the last update().")
@@ -273,14 +333,9 @@ class GradScaler(torch.amp.GradScaler):
         found = self._unscale_grads_(optimizer, inv_scale, found_inf, self._allow_fp16)
         optimizer_state["found_inf_per_device"] = found
         optimizer_state["stage"] = OptState.UNSCALED
+        self._per_optimizer_states[id(optimizer)] = optimizer_state
 
     # ------------------------------------------------------------------ step
-
-    def _maybe_opt_step(self, optimizer, optimizer_state, *args, **kwargs):
-        # Host check: only for optimizers that cannot skip on the device.
-        if not sum(v.item() for v in optimizer_state["found_inf_per_device"].values()):
-            return optimizer.step(*args, **kwargs)
-        return None
 
     def _combined_found_inf(self, states) -> Tensor:
         found_infs = [f.to(self._scale.device, non_blocking=True)
@@ -297,37 +352,69 @@ class GradScaler(torch.amp.GradScaler):
         optimizer unless its gradients hold inf/NaN.
 
         With ``_step_supports_amp_scaling`` optimizers this is sync-free: the
-        optimizer receives ``grad_scale``/``found_inf`` and skips on device.
+        optimizer receives ``grad_scale``/``found_inf`` (the scale multiplied
+        by a ``grad_scale`` already set on the optimizer, as torch) and skips
+        on device. One whose ``step`` takes a ``grad_scaler`` keyword gets
+        this scaler that way instead, with torch's FutureWarning.
         """
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
         if "closure" in kwargs:
             raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
         self._check_scale_growth_tracker("step")
-        optimizer_state = self._per_optimizer_states[id(optimizer)]
-        if optimizer_state["stage"] is OptState.STEPPED:
+        stage = self._optimizer_state(optimizer)["stage"]
+        if stage is OptState.STEPPED:
             raise RuntimeError("step() has already been called since the last update().")
         if getattr(optimizer, "_step_supports_amp_scaling", False):
-            if optimizer_state["stage"] is OptState.READY:
-                self._check_inf_per_device(optimizer)
-            found_inf = self._combined_found_inf([optimizer_state])
-            # Already unscaled (e.g. for clipping): do not unscale twice.
-            optimizer.grad_scale = (None if optimizer_state["stage"] is OptState.UNSCALED
-                                    else self._scale)
-            optimizer.found_inf = found_inf
-            try:
-                retval = optimizer.step(*args, **kwargs)
-            finally:
+            retval = self._fused_step(optimizer, stage, args, kwargs)
+        else:
+            if stage is OptState.READY:
+                self.unscale_(optimizer)
+            optimizer_state = self._per_optimizer_states[id(optimizer)]
+            if len(optimizer_state["found_inf_per_device"]) == 0:
+                raise AssertionError("No inf checks were recorded for this optimizer.")
+            retval = self._maybe_opt_step(optimizer, optimizer_state, *args, **kwargs)
+        self._per_optimizer_states[id(optimizer)]["stage"] = OptState.STEPPED
+        return retval
+
+    def _fused_step(self, optimizer, stage, args, kwargs):
+        """The optimizer unscales and skips by itself. Nothing is recorded
+        for it until its step returned."""
+        if _step_takes_grad_scaler(optimizer):
+            warnings.warn(
+                "GradScaler is going to stop passing itself as a keyword argument to the passed "
+                "optimizer. In the near future GradScaler registers `grad_scale: Tensor` and "
+                "`found_inf: Tensor` to the passed optimizer and let the optimizer use them "
+                "directly.", FutureWarning, stacklevel=3)
+            return optimizer.step(*args, **{**kwargs, "grad_scaler": self})
+        if stage is OptState.READY:
+            found_per_device = self._check_inf_grads(optimizer)
+        else:
+            found_per_device = self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+        found_inf = self._combined_found_inf([{"found_inf_per_device": found_per_device}])
+        # Already unscaled (e.g. for clipping): do not unscale twice. A
+        # grad_scale already on the optimizer is multiplied in, as torch does.
+        had_scale = hasattr(optimizer, "grad_scale")
+        user_scale = getattr(optimizer, "grad_scale", None)
+        if stage is OptState.UNSCALED:
+            grad_scale = user_scale
+        else:
+            grad_scale = self._scale if user_scale is None else self._scale * user_scale
+        optimizer.grad_scale = grad_scale
+        optimizer.found_inf = found_inf
+        try:
+            retval = optimizer.step(*args, **kwargs)
+        except BaseException:
+            # Refused: the optimizer keeps the grad_scale it had, if any.
+            if had_scale:
+                optimizer.grad_scale = user_scale
+            else:
                 del optimizer.grad_scale
-                del optimizer.found_inf
-            optimizer_state["stage"] = OptState.STEPPED
-            return retval
-        if optimizer_state["stage"] is OptState.READY:
-            self.unscale_(optimizer)
-        if len(optimizer_state["found_inf_per_device"]) == 0:
-            raise AssertionError("No inf checks were recorded for this optimizer.")
-        retval = self._maybe_opt_step(optimizer, optimizer_state, *args, **kwargs)
-        optimizer_state["stage"] = OptState.STEPPED
+            del optimizer.found_inf
+            raise
+        del optimizer.grad_scale
+        del optimizer.found_inf
+        self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = found_per_device
         return retval
 
     # ---------------------------------------------------------------- update
@@ -415,47 +502,13 @@ class GradScaler(torch.amp.GradScaler):
             return self._init_skipped_steps
         return int(self._skipped_steps.item())
 
-    # ------------------------------------------------------ getters/setters
-
-    def _get_scale_async(self) -> Tensor | None:
-        return self._scale
-
-    def get_scale(self) -> float:
-        """The current scale as a Python float (syncs), or 1.0 if disabled."""
-        if self._enabled:
-            return self._init_scale if self._scale is None else float(self._scale.item())
-        return 1.0
-
-    def get_growth_factor(self) -> float:
-        return self._growth_factor
-
-    def set_growth_factor(self, new_factor: float) -> None:
-        self._growth_factor = new_factor
-
-    def get_backoff_factor(self) -> float:
-        return self._backoff_factor
-
-    def set_backoff_factor(self, new_factor: float) -> None:
-        self._backoff_factor = new_factor
-
-    def get_growth_interval(self) -> int:
-        return self._growth_interval
-
-    def set_growth_interval(self, new_interval: int) -> None:
-        self._growth_interval = new_interval
-
-    def _get_growth_tracker(self) -> int:
-        if self._enabled:
-            return (self._init_growth_tracker if self._growth_tracker is None
-                    else int(self._growth_tracker.item()))
-        return 0
+    # ---------------------------------------------- getters (host side)
+    # get_scale, the growth/backoff/interval getters and setters,
+    # is_enabled and _get_growth_tracker are torch's.
 
     def _get_hysteresis_tracker(self) -> int:
         return (self._init_hysteresis_tracker if self._hysteresis_tracker is None
                 else int(self._hysteresis_tracker.item()))
-
-    def is_enabled(self) -> bool:
-        return self._enabled
 
     # ------------------------------------------------------------ checkpoint
 
@@ -468,11 +521,7 @@ class GradScaler(torch.amp.GradScaler):
         if not self._enabled:
             return {}
         return {
-            "scale": self.get_scale(),
-            "growth_factor": self._growth_factor,
-            "backoff_factor": self._backoff_factor,
-            "growth_interval": self._growth_interval,
-            "_growth_tracker": self._get_growth_tracker(),
+            **super().state_dict(),
             "_torchext_version": STATE_DICT_VERSION,
             "hysteresis": self._hysteresis,
             "_hysteresis_tracker": self._get_hysteresis_tracker(),
@@ -523,22 +572,13 @@ class GradScaler(torch.amp.GradScaler):
             self._skipped_steps.fill_(self._init_skipped_steps)
 
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
+        # torch's refuses mid-iteration and turns scale and growth tracker
+        # into numbers; the other tensors are turned into numbers here.
+        state = super().__getstate__()
         if self._enabled:
-            if len(self._per_optimizer_states) != 0:
-                raise AssertionError(
-                    "A GradScaler instance may only be pickled at the beginning "
-                    "of an iteration, or at the end after scaler.update().")
-            # Tensors are re-created lazily from these numbers on unpickling.
-            state["_init_scale"] = self.get_scale()
-            state["_init_growth_tracker"] = self._get_growth_tracker()
             state["_init_hysteresis_tracker"] = self._get_hysteresis_tracker()
             state["_init_skipped_steps"] = self.num_skipped_steps()
-            for key in ("_scale", "_growth_tracker", "_hysteresis_tracker", "_skipped_steps",
-                        "_last_step_skipped"):
+            for key in ("_hysteresis_tracker", "_skipped_steps", "_last_step_skipped"):
                 state[key] = None
             state["_process_group"] = None  # process groups do not pickle
         return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
