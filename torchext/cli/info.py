@@ -44,7 +44,7 @@ def info_text():
     lines = [
         f"torchext {b['version']}",
         f"  built against torch {b['torch_version']} (running {torch.__version__})",
-        f"  CPU kernels: yes; ISA in use: {torch.backends.cpu.get_cpu_capability()} "
+        f"  CPU kernels: yes; ISA in use: {torchext.cpu_isa()} "
         "(picked at run time like ATen's; ATEN_CPU_CAPABILITY=avx2|default to lower it)",
     ]
     if b["cuda"]:
