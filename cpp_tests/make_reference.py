@@ -148,11 +148,7 @@ class TrainStep(torch.nn.Module):
 
     @torch.jit.export
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> Tuple[torch.Tensor, List[torch.Tensor]]:
-        # Returns the loss and the list of updated parameters. The list must
-        # stay live: TorchScript's alias analysis does not see the writes of
-        # a `Tensor(a!)[]` op into the list's elements, so its dead-code
-        # elimination drops torchext::asgd_ when none of its lists is used
-        # afterwards (the step would silently do nothing).
+        # Returns the loss and the list of updated parameters.
         loss = (self.forward(x) - y).pow(2).mean()
         params = [self.lin.weight, self.lin.bias]
         grads = torch.autograd.grad([loss * self.scale], params)

@@ -7,6 +7,7 @@
 #include <torchext/version.h>
 
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#include <ATen/Version.h>
 #include <torch/script.h>
 
 #include <sys/stat.h>
@@ -20,6 +21,20 @@ TEST(Library, OpsAreRegistered) {
   std::string from_file;
   in >> from_file;
   EXPECT_EQ(from_file, torchext::version());
+}
+
+// ctest also runs this with ATEN_CPU_CAPABILITY=default (cpu_isa_default).
+TEST(Library, CpuKernelsFollowATensIsa) {
+  const std::string isa = torchext::cpu_isa(), aten = at::get_cpu_capability();
+  if (aten == "DEFAULT") {
+    EXPECT_EQ(isa, "DEFAULT");
+  } else if (aten == "AVX2") {
+    EXPECT_TRUE(isa == "AVX2" || isa == "DEFAULT") << isa;  // DEFAULT: AVX2 not built
+  } else {
+    EXPECT_TRUE(isa == aten || isa == "AVX2" || isa == "DEFAULT") << isa << " vs " << aten;
+  }
+  const char* forced = std::getenv("ATEN_CPU_CAPABILITY");
+  if (forced != nullptr && std::string(forced) == "default") EXPECT_EQ(isa, "DEFAULT");
 }
 
 TEST(TorchScript, TrainingStepScriptedInPythonMatches) {

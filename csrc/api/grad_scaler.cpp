@@ -4,6 +4,7 @@
 #include <torchext/version.h>
 
 #include "../asgd_args.h"
+#include "../cpu/isa_kernels.h"
 #include "device_groups.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -15,6 +16,8 @@
 namespace torchext {
 
 const char* version() { return TORCHEXT_VERSION; }
+
+const char* cpu_isa() { return cpu::kernels().isa; }
 
 bool ops_registered() {
   return c10::Dispatcher::singleton().findSchema({"torchext::asgd_", ""}).has_value();

@@ -30,6 +30,11 @@ TORCHEXT_API void load_state_dict(amp::GradScaler& scaler, const std::string& pa
 // The library's version, e.g. "0.1.0" (version.txt).
 TORCHEXT_API const char* version();
 
+// The CPU instruction set torchext's CPU kernels run with: "DEFAULT", "AVX2"
+// or "AVX512", the best one built that ATen also picked
+// (at::get_cpu_capability(), so ATEN_CPU_CAPABILITY=default forces DEFAULT).
+TORCHEXT_API const char* cpu_isa();
+
 // True once the library is loaded (its ops are then registered). Every
 // translation unit that includes this header references it, so a program
 // linked with -Wl,--as-needed still keeps the library (and its ops) even when
