@@ -4,6 +4,7 @@
 #include <torchext/optim/asgd.h>
 
 #include "../asgd_args.h"
+#include "asgd_state.h"
 #include "device_groups.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -39,12 +40,6 @@ const c10::TypedOperatorHandle<AsgdTensorLrOp>& asgd_tensor_lr_op() {
                              .findSchemaOrThrow("torchext::asgd_", "tensor_lr")
                              .typed<AsgdTensorLrOp>();
   return op;
-}
-
-// Same rule as torch.optim: float64 state when the default dtype is float64.
-at::ScalarType scalar_state_dtype() {
-  return c10::typeMetaToScalarType(at::get_default_dtype()) == at::kDouble ? at::kDouble
-                                                                           : at::kFloat;
 }
 
 bool fused_device(const c10::Device& d) { return d.is_cpu() || d.is_cuda(); }
@@ -128,6 +123,42 @@ void reference_step(const DeviceCall& c, const ASGDOptions& o) {
 }
 
 }  // namespace
+
+at::ScalarType scalar_state_dtype() {
+  return c10::typeMetaToScalarType(at::get_default_dtype()) == at::kDouble ? at::kDouble
+                                                                           : at::kFloat;
+}
+
+void adopt_loaded_state(ASGDParamState& st, const at::Tensor& p, const std::string& where) {
+  TORCH_CHECK_VALUE(st.ax().defined() && st.step().defined() && st.eta().defined() &&
+                        st.mu().defined(),
+                    where, " lacks step, eta, mu or ax");
+  const auto& ax = st.ax();
+  TORCH_CHECK_VALUE(ax.sizes() == p.sizes(), where, "['ax'] has shape ", ax.sizes(),
+                    " but the parameter has shape ", p.sizes());
+  TORCH_CHECK_TYPE(at::isComplexType(ax.scalar_type()) == at::isComplexType(p.scalar_type()) &&
+                       (at::isFloatingType(ax.scalar_type()) ||
+                        at::isComplexType(ax.scalar_type())),
+                   where, "['ax'] has dtype ", ax.scalar_type(), " but the parameter has dtype ",
+                   p.scalar_type());
+  for (const auto* t : {&st.step(), &st.eta(), &st.mu()}) {
+    TORCH_CHECK_VALUE(t->numel() == 1 && (at::isFloatingType(t->scalar_type()) ||
+                                          at::isIntegralType(t->scalar_type(), false)),
+                      where, ": step, eta and mu must each hold one real number, got ",
+                      t->scalar_type(), " of shape ", t->sizes());
+  }
+  const auto sdtype = scalar_state_dtype();
+  auto scalar = [&](const at::Tensor& t) {
+    const auto s = t.scalar_type();
+    const auto dt = s == at::kDouble || s == at::kFloat ? s : sdtype;
+    return t.detach().to(p.device(), dt, /*non_blocking=*/false, /*copy=*/true).reshape({});
+  };
+  auto step = scalar(st.step()), eta = scalar(st.eta()), mu = scalar(st.mu());
+  st.ax(ax.detach().to(p.device(), p.scalar_type(), false, /*copy=*/true));
+  st.step(step);
+  st.eta(eta);
+  st.mu(mu);
+}
 
 // ---- ASGDOptions -------------------------------------------------------
 
@@ -383,7 +414,6 @@ void ASGD::load(torch::serialize::InputArchive& archive) {
   } catch (const std::exception& e) {  // e.g. torch::jit::ObjectAttributeError
     TORCH_CHECK(false, "ASGD.load: the archive is not a torchext ASGD checkpoint: ", e.what());
   }
-  const auto sdtype = scalar_state_dtype();
   for (const auto gi : c10::irange(scratch.param_groups_.size())) {
     const auto& g = scratch.param_groups_[gi];
     static_cast<const ASGDOptions&>(g.options()).validate();
@@ -391,29 +421,9 @@ void ASGD::load(torch::serialize::InputArchive& archive) {
       const auto& p = g.params()[pi];
       auto it = scratch.state_.find(p.unsafeGetTensorImpl());
       if (it == scratch.state_.end()) continue;
-      auto& st = static_cast<ASGDParamState&>(*it->second);
-      const auto where = [&] {
-        return c10::str("param_groups[", gi, "].params[", pi, "]");
-      };
-      TORCH_CHECK_VALUE(st.ax().defined() && st.step().defined() && st.eta().defined() &&
-                            st.mu().defined(),
-                        "ASGD.load: the state of ", where(), " lacks step, eta, mu or ax");
-      TORCH_CHECK_VALUE(st.ax().sizes() == p.sizes(), "ASGD.load: 'ax' of ", where(),
-                        " has shape ", st.ax().sizes(), " but the parameter has shape ",
-                        p.sizes());
-      for (const auto* t : {&st.step(), &st.eta(), &st.mu()}) {
-        TORCH_CHECK_VALUE(t->numel() == 1 && at::isFloatingType(t->scalar_type()),
-                          "ASGD.load: step, eta and mu of ", where(),
-                          " must be 1-element floating tensors");
-      }
-      auto scalar = [&](const at::Tensor& t) {
-        const auto dt = t.scalar_type() == at::kDouble ? at::kDouble : sdtype;
-        return t.to(p.device(), dt, /*non_blocking=*/false, /*copy=*/true).reshape({});
-      };
-      st.step(scalar(st.step()));
-      st.eta(scalar(st.eta()));
-      st.mu(scalar(st.mu()));
-      st.ax(st.ax().to(p.device(), p.scalar_type(), false, true));
+      adopt_loaded_state(static_cast<ASGDParamState&>(*it->second), p,
+                         c10::str("ASGD.load: the state of param_groups[", gi, "].params[", pi,
+                                  "]"));
     }
   }
   state_ = std::move(scratch.state_);

@@ -4,6 +4,8 @@
 // torch.save's zip format.
 #include <torchext/torchext.h>
 
+#include "asgd_state.h"
+
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
 #include <torch/csrc/jit/serialization/pickle.h>
@@ -79,11 +81,6 @@ bool flag(const GenericDict& d, const std::string& key, const std::string& where
   return v->toBool();
 }
 
-at::ScalarType scalar_state_dtype() {
-  return c10::typeMetaToScalarType(at::get_default_dtype()) == at::kDouble ? at::kDouble
-                                                                           : at::kFloat;
-}
-
 at::Tensor cpu_copy(const at::Tensor& t) { return t.detach().to(at::kCPU, false, true); }
 
 // ---- ASGD ------------------------------------------------------------------
@@ -121,44 +118,26 @@ ASGDOptions group_options(const GenericDict& g, const std::string& where,
   return o;
 }
 
-// step/eta/mu: a tensor or, in old checkpoints, a Python number. float32 or
-// float64 as saved (torch.optim keeps them so), else the scalar state dtype.
-at::Tensor scalar_state(const c10::IValue& v, const std::string& where,
-                        const at::Tensor& param) {
-  at::Tensor t;
-  if (v.isTensor()) {
-    t = v.toTensor().detach();
-    TORCH_CHECK_VALUE(t.numel() == 1, where, " must hold one element, got shape ", t.sizes());
-    TORCH_CHECK_VALUE(at::isFloatingType(t.scalar_type()) || at::isIntegralType(t.scalar_type(), /*includeBool=*/false),
-                      where, " must be a real number, got ", t.scalar_type());
-  } else {
-    t = at::full({}, number(v, where), at::kDouble);
-  }
-  const auto dtype = v.isTensor() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble)
-                         ? t.scalar_type()
-                         : scalar_state_dtype();
-  return t.to(param.device(), dtype, false, /*copy=*/true).reshape({});
-}
-
+// One entry of Python's state: step/eta/mu are tensors or, in old
+// checkpoints, Python numbers.
 std::unique_ptr<ASGDParamState> param_state(const c10::IValue& v, const std::string& where,
                                             const at::Tensor& p) {
   TORCH_CHECK_VALUE(v.isGenericDict(), where, " must be a dict, got ", v.tagKind());
   const auto d = v.toGenericDict();
-  const auto& ax_v = get(d, "ax", where);
-  TORCH_CHECK_VALUE(ax_v.isTensor(), where, "['ax'] must be a tensor, got ", ax_v.tagKind());
-  const auto ax = ax_v.toTensor();
-  TORCH_CHECK_VALUE(ax.sizes() == p.sizes(), where, "['ax'] has shape ", ax.sizes(),
-                    " but the parameter has shape ", p.sizes());
-  TORCH_CHECK_TYPE(at::isComplexType(ax.scalar_type()) == at::isComplexType(p.scalar_type()) &&
-                       (at::isFloatingType(ax.scalar_type()) ||
-                        at::isComplexType(ax.scalar_type())),
-                   where, "['ax'] has dtype ", ax.scalar_type(), " but the parameter has dtype ",
-                   p.scalar_type());
+  auto tensor = [&](const char* key) {
+    const auto& x = get(d, key, where);
+    if (x.isTensor()) return x.toTensor();
+    return at::full({}, number(x, c10::str(where, "['", key, "']")),
+                    optim::scalar_state_dtype());
+  };
+  const auto& ax = get(d, "ax", where);
+  TORCH_CHECK_VALUE(ax.isTensor(), where, "['ax'] must be a tensor, got ", ax.tagKind());
   auto st = std::make_unique<ASGDParamState>();
-  st->step(scalar_state(get(d, "step", where), where + "['step']", p));
-  st->eta(scalar_state(get(d, "eta", where), where + "['eta']", p));
-  st->mu(scalar_state(get(d, "mu", where), where + "['mu']", p));
-  st->ax(ax.detach().to(p.device(), p.scalar_type(), false, /*copy=*/true));
+  st->ax(ax.toTensor());
+  st->step(tensor("step"));
+  st->eta(tensor("eta"));
+  st->mu(tensor("mu"));
+  optim::adopt_loaded_state(*st, p, where);
   return st;
 }
 
