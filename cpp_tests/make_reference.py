@@ -87,11 +87,11 @@ OVERFLOW_AT = (3, 7, 8, 15)  # inf in the data at these steps
 SCALER_OPTS = dict(init_scale=2.0 ** 10, growth_factor=2.0, backoff_factor=0.5, growth_interval=3)
 
 
-def scaler_data():
-    gen = torch.Generator().manual_seed(99)
+def scaler_data(steps=SCALER_STEPS, overflow_at=OVERFLOW_AT, seed=99):
+    gen = torch.Generator().manual_seed(seed)
     w0 = torch.randn(8, generator=gen)
-    xs = torch.randn(SCALER_STEPS, 8, generator=gen)
-    for s in OVERFLOW_AT:
+    xs = torch.randn(steps, 8, generator=gen)
+    for s in overflow_at:
         xs[s, s % 8] = float("inf") if s % 2 else float("nan")
     return w0, xs
 
@@ -364,15 +364,6 @@ SC_OVERFLOW_AT = (2, 3, 7, 8, 12)
 SC_OPTS = dict(init_scale=2.0 ** 12, growth_factor=2.0, backoff_factor=0.5, growth_interval=2)
 
 
-def ckpt_scaler_data():
-    gen = torch.Generator().manual_seed(31)
-    w0 = torch.randn(8, generator=gen)
-    xs = torch.randn(CKPT_STEPS, 8, generator=gen)
-    for s in SC_OVERFLOW_AT:
-        xs[s, s % 8] = float("inf") if s % 2 else float("nan")
-    return w0, xs
-
-
 def scaler_train(scaler, opt, w, xs, start, stop):
     for s in range(start, stop):
         opt.zero_grad()
@@ -385,7 +376,7 @@ def scaler_train(scaler, opt, w, xs, start, stop):
 def scaler_checkpoint_reference(out):
     from torchext.amp import GradScaler
     from torchext.optim import ASGD as TorchextASGD
-    w0, xs = ckpt_scaler_data()
+    w0, xs = scaler_data(CKPT_STEPS, SC_OVERFLOW_AT, seed=31)
     w = w0.clone().requires_grad_()
     opt = TorchextASGD([w], lr=0.05, lambd=1e-3, t0=4)
     scaler = GradScaler("cpu", **SC_OPTS)
