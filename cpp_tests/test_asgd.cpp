@@ -57,7 +57,8 @@ struct Problem {
 // Runs make_reference.py's torch.optim.ASGD cases (100 steps each) in C++;
 // fused: the ASGDOptions::fused of every group; exact: bit for bit, else
 // ~1e-6 (the fused kernel is another kernel than torch's for-loop).
-void expect_torch_optim_asgd_cases(std::optional<bool> fused, bool exact) {
+void expect_torch_optim_asgd_cases(std::optional<bool> fused, bool exact,
+                                   bool capturable = false) {
   const auto ref = load_ref("asgd_ref.pt");
   const int64_t cases = R(ref, "num_cases").item<int64_t>();
   const int64_t steps = R(ref, "steps").item<int64_t>();
@@ -76,8 +77,8 @@ void expect_torch_optim_asgd_cases(std::optional<bool> fused, bool exact) {
       std::vector<torch::Tensor> ps;
       const auto idx = R(ref, gp + "params");
       for (int64_t k = 0; k < idx.numel(); ++k) ps.push_back(params[idx[k].item<int64_t>()]);
-      groups.emplace_back(
-          ps, std::make_unique<ASGDOptions>(options_from(R(ref, gp + "options")).fused(fused)));
+      auto o = options_from(R(ref, gp + "options")).fused(fused).capturable(capturable);
+      groups.emplace_back(ps, std::make_unique<ASGDOptions>(o));
     }
     ASGD opt(groups);
     ASSERT_EQ(opt.param_groups().size(), static_cast<size_t>(ngroups));
@@ -115,6 +116,11 @@ TEST(ASGD, MatchesPythonTorchOptimASGD) {
 // while mu == 1, step/eta/mu read on the host): the same bits.
 TEST(ASGD, UnfusedPathIsTorchOptimASGDBitForBit) {
   expect_torch_optim_asgd_cases(false, /*exact=*/true);
+}
+
+// capturable=true: the sync-free tensor form of the same update.
+TEST(ASGD, UnfusedCapturablePathMatchesTorchOptimASGD) {
+  expect_torch_optim_asgd_cases(false, /*exact=*/false, /*capturable=*/true);
 }
 
 TEST(ASGD, StateIsCreatedLazilyLikePython) {
