@@ -11,8 +11,6 @@
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
 
-#include <limits>
-
 namespace torchext {
 
 const char* version() { return TORCHEXT_VERSION; }
@@ -78,22 +76,14 @@ FoundInf found_infs(std::vector<DeviceGrads>& per_device) {
   return out;
 }
 
+// The options' rules are update_scale_'s own (checked here on 0-d
+// stand-ins for the state), plus init_scale > 0.
 void validate(const GradScalerOptions& o) {
   TORCH_CHECK_VALUE(o.init_scale() > 0.0, "GradScaler: init_scale must be > 0, got ",
                     o.init_scale());
-  TORCH_CHECK_VALUE(o.growth_factor() > 1.0, "GradScaler: growth_factor must be > 1, got ",
-                    o.growth_factor());
-  TORCH_CHECK_VALUE(o.backoff_factor() > 0.0 && o.backoff_factor() < 1.0,
-                    "GradScaler: backoff_factor must be in (0, 1), got ", o.backoff_factor());
-  TORCH_CHECK_VALUE(o.growth_interval() >= 1, "GradScaler: growth_interval must be >= 1, got ",
-                    o.growth_interval());
-  TORCH_CHECK_VALUE(o.hysteresis() >= 1, "GradScaler: hysteresis must be >= 1, got ",
-                    o.hysteresis());
-  const double lo = o.min_scale().value_or(0.0);
-  const double hi = o.max_scale().value_or(std::numeric_limits<double>::infinity());
-  TORCH_CHECK_VALUE(lo >= 0.0 && lo <= hi,
-                    "GradScaler: need 0 <= min_scale <= max_scale, got min_scale=", lo,
-                    ", max_scale=", hi);
+  const auto f = at::zeros({}, at::kFloat), i = at::zeros({}, at::kInt);
+  check_update_scale_args(f, i, i, f, o.growth_factor(), o.backoff_factor(),
+                          o.growth_interval(), o.hysteresis(), o.min_scale(), o.max_scale());
 }
 
 }  // namespace
