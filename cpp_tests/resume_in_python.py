@@ -11,6 +11,7 @@ import os
 import sys
 
 import torch
+import torch.jit._pickle  # noqa: F401  (restore_type_tag, for load_params)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(HERE)
@@ -26,6 +27,13 @@ def load(ref_dir, name):
     return torch.load(os.path.join(ref_dir, name), weights_only=True)
 
 
+def load_params(ref_dir, name):
+    # The params the C++ test wrote with torch::jit::pickle_save, which tags
+    # its dict with a TorchScript type (torchext::save_state_dict does not).
+    with torch.serialization.safe_globals([torch.jit._pickle.restore_type_tag]):
+        return load(ref_dir, name)
+
+
 def check_asgd(ref_dir, dtype):
     name = str(dtype).split(".")[-1]
     ref = load(ref_dir, f"ckpt_ref_{name}.pt")
@@ -33,11 +41,12 @@ def check_asgd(ref_dir, dtype):
     assert [len(g["params"]) for g in sd["param_groups"]] == [2, 1], sd["param_groups"]
     start = mr.PY_STEPS + mr.CPP_STEPS
     for cls, exact in ((TorchextASGD, True), (torch.optim.ASGD, False)):
-        cpp_params = load(ref_dir, f"ckpt_cpp_params_{name}.pt")  # what C++ trained
+        cpp_params = load_params(ref_dir, f"ckpt_cpp_params_{name}.pt")  # what C++ trained
         params = [cpp_params[f"param{i}"].clone().requires_grad_() for i in range(3)]
         # Other options than the file's: they must come from it.
         opt = mr.make_asgd(cls, params, lr=0.5)
-        opt.load_state_dict(sd)
+        # A fresh copy each time: load_state_dict may keep the loaded tensors.
+        opt.load_state_dict(load(ref_dir, f"ckpt_cpp_{name}.pt"))
         assert opt.param_groups[1]["lr"] == 0.01 and opt.param_groups[1]["maximize"]
         grads = [ref[f"grads{i}"] for i in range(3)]
         mr.run_steps(opt, params, grads, start, mr.CKPT_STEPS)
@@ -55,13 +64,12 @@ def check_asgd(ref_dir, dtype):
 def check_scaler(ref_dir):
     ref = load(ref_dir, "ckpt_scaler_ref.pt")
     sd_scaler = load(ref_dir, "ckpt_scaler_cpp.pt")
-    sd_opt = load(ref_dir, "ckpt_scaler_opt_cpp.pt")
-    w_cpp = load(ref_dir, "ckpt_scaler_w_cpp.pt")["param0"]
+    w_cpp = load_params(ref_dir, "ckpt_scaler_w_cpp.pt")["param0"]
     start = mr.PY_STEPS + mr.CPP_STEPS
     for scaler_cls in (GradScaler, torch.amp.GradScaler):
         w = w_cpp.detach().clone().requires_grad_()
         opt = TorchextASGD([w], lr=0.5)
-        opt.load_state_dict(sd_opt)
+        opt.load_state_dict(load(ref_dir, "ckpt_scaler_opt_cpp.pt"))
         scaler = scaler_cls("cpu", init_scale=3.0)
         scaler.load_state_dict(sd_scaler)
         mr.scaler_train(scaler, opt, w, ref["xs"], start, mr.CKPT_STEPS)

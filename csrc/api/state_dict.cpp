@@ -8,7 +8,10 @@
 
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 
 #include <fstream>
 #include <iterator>
@@ -25,11 +28,28 @@ using GenericDict = c10::impl::GenericDict;
 
 GenericDict str_dict() { return GenericDict(c10::StringType::get(), c10::AnyType::get()); }
 
+// torch::jit::pickle_save's container, but plain Python dicts and lists:
+// pickle_save tags them with their TorchScript type (a call to
+// torch.jit._pickle.restore_type_tag), which torch.load(weights_only=True)
+// refuses. So lists hold IValues (an int list would be tagged too).
 void write_file(const c10::IValue& value, const std::string& path, const char* what) {
-  const std::vector<char> bytes = torch::jit::pickle_save(value);
+  std::vector<char> pickled;
+  torch::jit::Pickler pickler(
+      [&](const char* buf, size_t size) { pickled.insert(pickled.end(), buf, buf + size); },
+      /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+      /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(value);
+  pickler.stop();
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   TORCH_CHECK(out.good(), what, ": cannot open '", path, "' for writing");
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
+    out.write(static_cast<const char*>(data), static_cast<std::streamsize>(size));
+    return size;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(),
+                                     pickler.tensorData(), writer);
+  writer.writeEndOfFile();
   TORCH_CHECK(out.good(), what, ": writing '", path, "' failed");
 }
 
@@ -160,14 +180,14 @@ void save_state_dict(const ASGD& optimizer, const std::string& path) {
     g.insert("differentiable", false);
     g.insert("capturable", o.capturable());
     g.insert("fused", o.fused().has_value() ? c10::IValue(*o.fused()) : c10::IValue());
-    c10::List<int64_t> ids;
+    c10::impl::GenericList ids(c10::AnyType::get());
     for (const auto& p : group.params()) {
       const int64_t id = next_id++;
       ids.push_back(id);
       auto it = optimizer.state().find(p.unsafeGetTensorImpl());
       if (it == optimizer.state().end()) continue;
       const auto& st = static_cast<const ASGDParamState&>(*it->second);
-      c10::Dict<std::string, at::Tensor> s;
+      auto s = str_dict();
       s.insert("step", cpu_copy(st.step()));
       s.insert("eta", cpu_copy(st.eta()));
       s.insert("mu", cpu_copy(st.mu()));
