@@ -30,8 +30,39 @@ from torch.utils.cpp_extension import (  # noqa: E402
     CUDAExtension,
 )
 
-VERSION = "0.1.0"
 ROOT = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(ROOT, "version.txt")) as _f:  # the one version source
+    VERSION = _f.read().strip()
+GENERATED_INCLUDE = os.path.join(ROOT, "build", "generated")
+
+
+def configure(template, out, values):
+    """CMake's configure_file(@ONLY) on cmake/<template>: the same templates
+    CMakeLists.txt fills, so the version and package config are written once."""
+    with open(os.path.join(ROOT, "cmake", template)) as f:
+        text = f.read()
+    for key, value in values.items():
+        text = text.replace(f"@{key}@", value)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        f.write(text)
+
+
+def write_version_files(with_cuda):
+    # version.h for the C++ sources, torchext/_version.py for Python, and the
+    # CMake package config shipped in the Python package (torchext/share/cmake).
+    major, minor, patch = VERSION.split(".")[:3]
+    values = {"TORCHEXT_VERSION": VERSION, "TORCHEXT_VERSION_MAJOR": major,
+              "TORCHEXT_VERSION_MINOR": minor, "TORCHEXT_VERSION_PATCH": patch,
+              "TORCHEXT_CONFIG_LAYOUT": "pip", "PACKAGE_INIT": "",
+              "TORCHEXT_CUDA": "ON" if with_cuda else "OFF"}
+    configure("version.h.in", os.path.join(GENERATED_INCLUDE, "torchext", "version.h"), values)
+    share = os.path.join(ROOT, "torchext", "share", "cmake", "torchext")
+    configure("torchextConfig.cmake.in", os.path.join(share, "torchextConfig.cmake"), values)
+    configure("torchextConfigVersion.cmake.in",
+              os.path.join(share, "torchextConfigVersion.cmake"), values)
+    with open(os.path.join(ROOT, "torchext", "_version.py"), "w") as f:
+        f.write(f"# Written by setup.py from version.txt; do not edit.\n__version__ = {VERSION!r}\n")
 
 
 def want_cuda():
@@ -124,7 +155,7 @@ _lib_dirs = ["torch/lib"] + sorted(os.path.relpath(d, _site) for d in
 link_flags = ["-fopenmp", "-Wl,--disable-new-dtags"]
 for _d in _lib_dirs:
     link_flags += [f"-Wl,-rpath,$ORIGIN/../{_d}", f"-Wl,-rpath,{os.path.join(_site, _d)}"]
-include_dirs = [os.path.join(ROOT, "csrc", "include")]
+include_dirs = [os.path.join(ROOT, "csrc", "include"), GENERATED_INCLUDE]
 cpp_sources = sources("*.cpp", "cpu/*.cpp", "meta/*.cpp")
 # The LibTorch C++ API (torchext::optim::ASGD, torchext::amp::GradScaler) is
 # compiled into the same library so C++ code can link the pip-installed one;
@@ -154,6 +185,7 @@ else:
         py_limited_api=True,
     )
 write_build_info(with_cuda, archs)
+write_version_files(with_cuda)
 
 setup(
     name="torchext",

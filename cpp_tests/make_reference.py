@@ -14,6 +14,10 @@ Everything is produced by PyTorch itself at test time (nothing is committed):
   asgd_step.pt2   an AOTInductor package of the functional ASGD step
                   (torch.export + aoti_compile_and_package); aoti_ref.pt holds
                   inputs and the result of the same steps run eagerly.
+  ckpt_*.pt       Python-format checkpoints (checkpoint_reference) that the
+                  C++ tests load with torchext::load_state_dict, and the
+                  trajectories they must continue; resume_in_python.py checks
+                  what C++ saved back.
 Files are torch.save'd dicts of tensors; C++ reads them with torch::pickle_load.
 """
 from __future__ import annotations
@@ -83,11 +87,11 @@ OVERFLOW_AT = (3, 7, 8, 15)  # inf in the data at these steps
 SCALER_OPTS = dict(init_scale=2.0 ** 10, growth_factor=2.0, backoff_factor=0.5, growth_interval=3)
 
 
-def scaler_data():
-    gen = torch.Generator().manual_seed(99)
+def scaler_data(steps=SCALER_STEPS, overflow_at=OVERFLOW_AT, seed=99):
+    gen = torch.Generator().manual_seed(seed)
     w0 = torch.randn(8, generator=gen)
-    xs = torch.randn(SCALER_STEPS, 8, generator=gen)
-    for s in OVERFLOW_AT:
+    xs = torch.randn(steps, 8, generator=gen)
+    for s in overflow_at:
         xs[s, s % 8] = float("inf") if s % 2 else float("nan")
     return w0, xs
 
@@ -144,11 +148,7 @@ class TrainStep(torch.nn.Module):
 
     @torch.jit.export
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> Tuple[torch.Tensor, List[torch.Tensor]]:
-        # Returns the loss and the list of updated parameters. The list must
-        # stay live: TorchScript's alias analysis does not see the writes of
-        # a `Tensor(a!)[]` op into the list's elements, so its dead-code
-        # elimination drops torchext::asgd_ when none of its lists is used
-        # afterwards (the step would silently do nothing).
+        # Returns the loss and the list of updated parameters.
         loss = (self.forward(x) - y).pow(2).mean()
         params = [self.lin.weight, self.lin.bias]
         grads = torch.autograd.grad([loss * self.scale], params)
@@ -239,6 +239,161 @@ def aoti_reference(out):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+# ---- Python-format checkpoints: Python -> C++ -> Python --------------------
+# Steps [0, PY_STEPS) run in Python, [PY_STEPS, PY_STEPS + CPP_STEPS) in C++,
+# the rest in Python again (resume_in_python.py); the whole run in Python is
+# the reference.
+PY_STEPS, CPP_STEPS, PY2_STEPS = 6, 5, 4
+CKPT_STEPS = PY_STEPS + CPP_STEPS + PY2_STEPS
+CKPT_SHAPES = [(4, 3), (3,), (2, 2)]
+# Two groups with different options (the C++ side builds other options: they
+# must come from the file).
+CKPT_GROUPS = [dict(idx=(0, 1), lr=0.03, lambd=1e-3, alpha=0.75, t0=3.0, weight_decay=1e-2),
+               dict(idx=(2,), lr=0.01, lambd=1e-2, alpha=0.6, t0=0.0, weight_decay=0.0,
+                    maximize=True)]
+
+
+def ckpt_problem(dtype, seed=21):
+    gen = torch.Generator().manual_seed(seed)
+    init = [torch.randn(s, generator=gen, dtype=torch.float64).to(dtype) for s in CKPT_SHAPES]
+    grads = [torch.randn((CKPT_STEPS,) + s, generator=gen, dtype=torch.float64).to(dtype)
+             for s in CKPT_SHAPES]
+    return init, grads
+
+
+def make_asgd(cls, params, lr=None, **kw):
+    groups = []
+    for g in CKPT_GROUPS:
+        opts = {k: v for k, v in g.items() if k != "idx"}
+        if lr is not None:
+            opts["lr"] = lr
+        groups.append(dict(params=[params[i] for i in g["idx"]], **opts))
+    return cls(groups, **kw)
+
+
+def run_steps(opt, params, grads, start, stop, on_step=None):
+    for s in range(start, stop):
+        for p, g in zip(params, grads):
+            p.grad = g[s].clone()
+        opt.step()
+        if on_step is not None:
+            on_step()
+
+
+def flat_state(opt, params, prefix):
+    out = {}
+    for i, p in enumerate(params):
+        out[f"{prefix}param{i}"] = p.detach().clone()
+        for key in ("step", "eta", "mu", "ax"):
+            out[f"{prefix}{key}{i}"] = opt.state[p][key].detach().clone()
+    return out
+
+
+def checkpoint_reference(out):
+    from torchext.optim import ASGD as TorchextASGD
+    for dtype in (torch.float32, torch.float64):
+        name = str(dtype).split(".")[-1]
+        init, grads = ckpt_problem(dtype)
+        params = [t.clone().requires_grad_() for t in init]
+        opt = make_asgd(TorchextASGD, params)
+        ref = {f"init{i}": t for i, t in enumerate(init)}
+        ref.update({f"grads{i}": g for i, g in enumerate(grads)})
+        ref.update({"py_steps": torch.tensor(PY_STEPS), "cpp_steps": torch.tensor(CPP_STEPS)})
+        run_steps(opt, params, grads, 0, PY_STEPS)
+        torch.save(opt.state_dict(), os.path.join(out, f"ckpt_py_{name}.pt"))
+        ref.update({f"py_param{i}": p.detach().clone() for i, p in enumerate(params)})
+        run_steps(opt, params, grads, PY_STEPS, PY_STEPS + CPP_STEPS)
+        ref.update(flat_state(opt, params, "mid_"))
+        run_steps(opt, params, grads, PY_STEPS + CPP_STEPS, CKPT_STEPS)
+        ref.update(flat_state(opt, params, "end_"))
+        torch.save(ref, os.path.join(out, f"ckpt_ref_{name}.pt"))
+
+    # torch.optim.ASGD's own checkpoint (named parameters: param_names), and
+    # an old-style one with float step/eta/mu.
+    init, grads = ckpt_problem(torch.float32, seed=22)
+    params = [t.clone().requires_grad_() for t in init]
+    opt = make_asgd(torch.optim.ASGD, params, foreach=False)
+    for gi, g in enumerate(opt.param_groups):
+        g["param_names"] = [f"g{gi}.p{k}" for k in range(len(g["params"]))]
+    run_steps(opt, params, grads, 0, PY_STEPS)
+    sd = opt.state_dict()
+    torch.save(sd, os.path.join(out, "ckpt_torch.pt"))
+    legacy = copy.deepcopy(sd)
+    for st in legacy["state"].values():
+        for key in ("step", "eta", "mu"):
+            st[key] = float(st[key])
+    torch.save(legacy, os.path.join(out, "ckpt_torch_legacy.pt"))
+    ref = {f"init{i}": t for i, t in enumerate(init)}
+    ref.update({f"grads{i}": g for i, g in enumerate(grads)})
+    ref.update({f"py_param{i}": p.detach().clone() for i, p in enumerate(params)})
+    run_steps(opt, params, grads, PY_STEPS, PY_STEPS + CPP_STEPS)
+    ref.update(flat_state(opt, params, "mid_"))
+    torch.save(ref, os.path.join(out, "ckpt_torch_ref.pt"))
+
+    # Not an ASGD checkpoint, and one for other shapes.
+    w = torch.zeros(4, 3, requires_grad=True)
+    sgd = torch.optim.SGD([w], lr=0.1, momentum=0.9)
+    w.grad = torch.ones_like(w)
+    sgd.step()
+    torch.save(sgd.state_dict(), os.path.join(out, "ckpt_sgd.pt"))
+    others = [torch.zeros(s, requires_grad=True) for s in [(3, 4), (3,), (2, 2)]]
+    other = make_asgd(TorchextASGD, others)
+    for p in others:
+        p.grad = torch.ones_like(p)
+    other.step()
+    torch.save(other.state_dict(), os.path.join(out, "ckpt_wrong_shape.pt"))
+
+    # A tensor lr under a schedule (changed in place after every step).
+    init, grads = ckpt_problem(torch.float32, seed=23)
+    params = [t.clone().requires_grad_() for t in init]
+    lr = torch.tensor(0.05)
+    opt = make_asgd(TorchextASGD, params, lr=lr)
+    run_steps(opt, params, grads, 0, CKPT_STEPS, on_step=lambda: lr.mul_(0.9))
+    ref = {f"init{i}": t for i, t in enumerate(init)}
+    ref.update({f"grads{i}": g for i, g in enumerate(grads)})
+    ref.update(flat_state(opt, params, "end_"))
+    ref["lr"] = lr.clone()
+    torch.save(ref, os.path.join(out, "tensor_lr_ref.pt"))
+
+    scaler_checkpoint_reference(out)
+
+
+# The scaler: torchext.amp.GradScaler + torchext ASGD, with overflows in the
+# Python part and in the C++ part.
+SC_OVERFLOW_AT = (2, 3, 7, 8, 12)
+SC_OPTS = dict(init_scale=2.0 ** 12, growth_factor=2.0, backoff_factor=0.5, growth_interval=2)
+
+
+def scaler_train(scaler, opt, w, xs, start, stop):
+    for s in range(start, stop):
+        opt.zero_grad()
+        loss = 0.5 * (w * xs[s]).pow(2).sum()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+
+
+def scaler_checkpoint_reference(out):
+    from torchext.amp import GradScaler
+    from torchext.optim import ASGD as TorchextASGD
+    w0, xs = scaler_data(CKPT_STEPS, SC_OVERFLOW_AT, seed=31)
+    w = w0.clone().requires_grad_()
+    opt = TorchextASGD([w], lr=0.05, lambd=1e-3, t0=4)
+    scaler = GradScaler("cpu", **SC_OPTS)
+    ref = {"w0": w0, "xs": xs}
+    scaler_train(scaler, opt, w, xs, 0, PY_STEPS)
+    torch.save(scaler.state_dict(), os.path.join(out, "ckpt_scaler_py.pt"))
+    torch.save(opt.state_dict(), os.path.join(out, "ckpt_scaler_opt_py.pt"))
+    ref["py_w"] = w.detach().clone()
+    for tag, stop in (("mid_", PY_STEPS + CPP_STEPS), ("end_", CKPT_STEPS)):
+        scaler_train(scaler, opt, w, xs, PY_STEPS if tag == "mid_" else PY_STEPS + CPP_STEPS, stop)
+        ref[tag + "w"] = w.detach().clone()
+        ref[tag + "scale"] = torch.tensor(scaler.get_scale(), dtype=torch.float64)
+        ref[tag + "growth_tracker"] = torch.tensor(scaler._get_growth_tracker())
+        ref[tag + "skipped"] = torch.tensor(scaler.num_skipped_steps())
+    torch.save(ref, os.path.join(out, "ckpt_scaler_ref.pt"))
+
+
 def main(argv):
     out = argv[1] if len(argv) > 1 else os.path.join(os.getcwd(), "cpp_ref")
     os.makedirs(out, exist_ok=True)
@@ -246,14 +401,10 @@ def main(argv):
     asgd_reference(out)
     scaler_reference(out)
     torchscript_reference(out)
+    checkpoint_reference(out)
     if "--no-aoti" not in argv:
-        try:
-            aoti_reference(out)
-        except Exception as e:  # the C++ test reports this error as an expected failure
-            with open(os.path.join(out, "aoti_error.txt"), "w") as f:
-                f.write(f"{type(e).__name__}: {e}\n")
-            print(f"make_reference: AOTInductor package failed: {type(e).__name__}: {e}",
-                  file=sys.stderr)
+        # A failure here fails the whole run (and so ctest's AOTInductor test).
+        aoti_reference(out)
     print(f"make_reference: wrote {out}")
 
 

@@ -198,3 +198,51 @@ TEST(GradScalerBadInput, ClearErrorsAndNoChange) {
   EXPECT_THROW(torch::load(scaler, other), c10::Error);
   EXPECT_EQ(scaler.get_scale(), scale);
 }
+
+// All or nothing over param groups: a bad gradient in the LATER group of a
+// torchext ASGD (fused, sync-free path) or of a foreign optimizer (unscale_)
+// changes nothing: params, grads, optimizer state, scaler state.
+TEST(GradScalerBadInput, BadGradientInALaterGroupChangesNothing) {
+  auto p = torch::randn({3}).requires_grad_();
+  auto q = torch::randn({2}).requires_grad_();
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<torch::Tensor>{p});
+  groups.emplace_back(std::vector<torch::Tensor>{q});
+  torchext::optim::ASGD asgd(groups);
+  GradScaler scaler(GradScalerOptions().init_scale(8.0).growth_interval(1));
+  const auto p0 = p.detach().clone(), q0 = q.detach().clone();
+  const std::vector<std::pair<torch::Tensor, const char*>> bad = {
+      {torch::ones({5}), "has shape"},
+      {torch::ones({2}, torch::kInt), "dtype"},
+      {torch::ones({2}).to_sparse(), "sparse"},
+  };
+  for (const auto& [grad, msg] : bad) {
+    SCOPED_TRACE(msg);
+    scaler.scale(p.sum()).backward();
+    q.mutable_grad() = grad;
+    const auto gp = p.grad().clone();
+    EXPECT_THROW_MSG(scaler.step(asgd), msg);
+    EXPECT_TRUE(torch::equal(p, p0));
+    EXPECT_TRUE(torch::equal(q, q0));
+    EXPECT_TRUE(torch::equal(p.grad(), gp));
+    EXPECT_TRUE(asgd.state().empty());  // no new state
+    EXPECT_EQ(scaler.get_scale(), 8.0);
+    p.mutable_grad() = torch::Tensor();
+  }
+  // A foreign optimizer: unscale_ checks every group before unscaling any.
+  torch::optim::SGD sgd(groups, 0.1);
+  scaler.scale(p.sum()).backward();
+  q.mutable_grad() = torch::ones({2}, torch::kInt);
+  const auto gp = p.grad().clone();
+  EXPECT_THROW_MSG(scaler.unscale_(sgd), "dtype");
+  EXPECT_TRUE(torch::equal(p.grad(), gp));
+  EXPECT_THROW_MSG(scaler.step(sgd), "dtype");
+  EXPECT_TRUE(torch::equal(p.grad(), gp));
+  EXPECT_TRUE(torch::equal(p, p0));
+  // Fixed, the step goes through: the failed calls left no half-done stage.
+  q.mutable_grad() = torch::ones({2});
+  scaler.step(asgd);
+  scaler.update();
+  EXPECT_FALSE(torch::equal(p, p0));
+  EXPECT_EQ(scaler.get_scale(), 16.0);
+}

@@ -1,9 +1,20 @@
 // The one place where torchext's operator schemas live. Kernels register
 // themselves per dispatch key in cpu/, cuda/ and meta/.
 //
-// Contract (see DESIGN.md): every mutated list or tensor is annotated with
-// (x!), nothing is returned, so nothing returned aliases an input; this is
-// what torch.compile's auto-functionalization needs.
+// Contract (see docs/architecture.md): every mutated list or tensor is
+// annotated with (x!), nothing is returned, so nothing returned aliases an
+// input; this is what torch.compile's auto-functionalization needs.
+//
+// A mutated *list* is written `Tensor(x! -> *)[]`. TorchScript's alias
+// analysis records the write of a plain `Tensor(x!)[]` on the list value
+// only, not on the tensors it holds; a list built at the call site
+// (`asgd_([p], ...)`) is then a fresh value nothing reads afterwards, and
+// dead-code elimination drops the whole call (the step silently does
+// nothing). `-> *` says the list's elements may alias anything after the
+// call, which makes the write one to the wildcard set that DCE must keep.
+// (AliasAnalysisKind::CONSERVATIVE would also keep it, but TorchScript
+// refuses it for a schema with alias annotations.) tests/test_torchscript.py
+// checks every op with a mutated list.
 #include <torch/library.h>
 
 TORCH_LIBRARY(torchext, m) {
@@ -12,22 +23,22 @@ TORCH_LIBRARY(torchext, m) {
   // grad_scale is given, grads are unscaled on the fly (multiplied by the
   // float32 reciprocal, as GradScaler.unscale_ does).
   m.def(
-      "asgd_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] axs, "
-      "Tensor(c!)[] mus, Tensor(d!)[] etas, Tensor(e!)[] steps, *, float lr, "
+      "asgd_(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, "
+      "Tensor(c! -> *)[] mus, Tensor(d! -> *)[] etas, Tensor(e! -> *)[] steps, *, float lr, "
       "float lambd, float alpha, float t0, float weight_decay, bool maximize, "
       "Tensor? grad_scale=None, Tensor? found_inf=None) -> ()");
   // Same, with a 1-element tensor lr: the value is read on the device, so a
   // changing lr neither syncs nor recompiles.
   m.def(
-      "asgd_.tensor_lr(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] axs, "
-      "Tensor(c!)[] mus, Tensor(d!)[] etas, Tensor(e!)[] steps, *, Tensor lr, "
+      "asgd_.tensor_lr(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, "
+      "Tensor(c! -> *)[] mus, Tensor(d! -> *)[] etas, Tensor(e! -> *)[] steps, *, Tensor lr, "
       "float lambd, float alpha, float t0, float weight_decay, bool maximize, "
       "Tensor? grad_scale=None, Tensor? found_inf=None) -> ()");
   // Read-only inf/NaN check: sets found_inf to 1 if any element is not finite.
   m.def("check_finite_(Tensor[] tensors, Tensor(a!) found_inf) -> ()");
   // tensors *= inv_scale, and found_inf = 1 if any input element is not
   // finite; one pass (torch's _amp_foreach_non_finite_check_and_unscale_).
-  m.def("unscale_(Tensor(a!)[] tensors, Tensor(b!) found_inf, Tensor inv_scale) -> ()");
+  m.def("unscale_(Tensor(a! -> *)[] tensors, Tensor(b!) found_inf, Tensor inv_scale) -> ()");
   // Dynamic loss-scale update on the device: torch's _amp_update_scale_ plus
   // hysteresis and min/max clamps (math in elementwise_math.h).
   m.def(

@@ -52,13 +52,13 @@ class TestSchemas(expecttest.TestCase):
 
     def test_schemas(self):
         self.assertExpectedInline(str(ops.asgd_.default._schema), """\
-torchext::asgd_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] axs, Tensor(c!)[] mus, Tensor(d!)[] etas, Tensor(e!)[] steps, *, float lr, float lambd, float alpha, float t0, float weight_decay, bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None) -> ()""")
+torchext::asgd_(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, Tensor(c! -> *)[] mus, Tensor(d! -> *)[] etas, Tensor(e! -> *)[] steps, *, float lr, float lambd, float alpha, float t0, float weight_decay, bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None) -> ()""")
         self.assertExpectedInline(str(ops.asgd_.tensor_lr._schema), """\
-torchext::asgd_.tensor_lr(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] axs, Tensor(c!)[] mus, Tensor(d!)[] etas, Tensor(e!)[] steps, *, Tensor lr, float lambd, float alpha, float t0, float weight_decay, bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None) -> ()""")
+torchext::asgd_.tensor_lr(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, Tensor(c! -> *)[] mus, Tensor(d! -> *)[] etas, Tensor(e! -> *)[] steps, *, Tensor lr, float lambd, float alpha, float t0, float weight_decay, bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None) -> ()""")
         self.assertExpectedInline(str(ops.check_finite_.default._schema), """\
 torchext::check_finite_(Tensor[] tensors, Tensor(a!) found_inf) -> ()""")
         self.assertExpectedInline(str(ops.unscale_.default._schema), """\
-torchext::unscale_(Tensor(a!)[] tensors, Tensor(b!) found_inf, Tensor inv_scale) -> ()""")
+torchext::unscale_(Tensor(a! -> *)[] tensors, Tensor(b!) found_inf, Tensor inv_scale) -> ()""")
         self.assertExpectedInline(str(ops.update_scale_.default._schema), """\
 torchext::update_scale_(Tensor(a!) scale, Tensor(b!) growth_tracker, Tensor(c!) hysteresis_tracker, Tensor found_inf, *, float growth_factor, float backoff_factor, int growth_interval, int hysteresis=1, float? min_scale=None, float? max_scale=None) -> ()""")
 

@@ -9,7 +9,7 @@ import warnings as _warnings
 
 import torch as _torch
 
-__version__ = "0.1.0"
+from ._version import __version__  # written by setup.py from version.txt
 
 _HERE = _os.path.dirname(_os.path.abspath(__file__))
 

@@ -1,4 +1,4 @@
-"""The sources torchext's compiled library is built from (csrc/**, setup.py),
+"""The sources torchext's compiled library is built from (csrc/**, setup.py, version.txt, cmake/*.in),
 for rebuild decisions: the import-time staleness warning (torchext/__init__.py),
 the stamp setup.py writes after a build, and scripts/setup_env.sh.
 
@@ -13,10 +13,13 @@ STAMP = "_build_stamp"  # in the package directory, next to the library
 
 
 def source_files(root):
-    files = [os.path.join(root, "setup.py")]
-    for dirpath, dirnames, filenames in os.walk(os.path.join(root, "csrc")):
-        dirnames.sort()
-        files += [os.path.join(dirpath, f) for f in sorted(filenames)]
+    # version.txt and cmake/*.in: setup.py generates version.h and the CMake
+    # package config from them.
+    files = [os.path.join(root, f) for f in ("setup.py", "version.txt")]
+    for top in ("csrc", "cmake"):
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, top)):
+            dirnames.sort()
+            files += [os.path.join(dirpath, f) for f in sorted(filenames)]
     return [f for f in files if os.path.isfile(f)]
 
 

@@ -3,12 +3,17 @@
 // torch.ops.torchext.asgd_.
 #include <torchext/optim/asgd.h>
 
+#include "../asgd_args.h"
+#include "asgd_state.h"
+#include "device_groups.h"
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 #include <c10/util/irange.h>
 #include <torch/autograd.h>
 
-#include <map>
+#include <algorithm>
+#include <cmath>
 #include <unordered_set>
 
 namespace torchext {
@@ -17,93 +22,169 @@ namespace {
 
 using torch::optim::OptimizerParamGroup;
 
-struct DeviceLess {
-  bool operator()(const c10::Device& a, const c10::Device& b) const {
-    return std::make_pair(static_cast<int>(a.type()), static_cast<int>(a.index())) <
-           std::make_pair(static_cast<int>(b.type()), static_cast<int>(b.index()));
-  }
-};
-
 using AsgdOp = void(at::TensorList, at::TensorList, at::TensorList, at::TensorList,
                     at::TensorList, at::TensorList, double, double, double, double, double,
                     bool, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&);
+using AsgdTensorLrOp = void(at::TensorList, at::TensorList, at::TensorList, at::TensorList,
+                            at::TensorList, at::TensorList, const at::Tensor&, double, double,
+                            double, double, bool, const std::optional<at::Tensor>&,
+                            const std::optional<at::Tensor>&);
 
 const c10::TypedOperatorHandle<AsgdOp>& asgd_op() {
   static const auto op =
       c10::Dispatcher::singleton().findSchemaOrThrow("torchext::asgd_", "").typed<AsgdOp>();
   return op;
 }
-
-// Same rule as torch.optim: float64 state when the default dtype is float64.
-at::ScalarType scalar_state_dtype() {
-  return c10::typeMetaToScalarType(at::get_default_dtype()) == at::kDouble ? at::kDouble
-                                                                           : at::kFloat;
+const c10::TypedOperatorHandle<AsgdTensorLrOp>& asgd_tensor_lr_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("torchext::asgd_", "tensor_lr")
+                             .typed<AsgdTensorLrOp>();
+  return op;
 }
 
 bool fused_device(const c10::Device& d) { return d.is_cpu() || d.is_cuda(); }
 
-// The tensor-op form of the same update (torch.optim.ASGD's capturable
-// for-loop path): runs anywhere, never syncs. grad_scale/found_inf follow
-// the fused op's contract.
-void reference_step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
-                    const std::vector<at::Tensor>& axs, const std::vector<at::Tensor>& mus,
-                    const std::vector<at::Tensor>& etas, const std::vector<at::Tensor>& steps,
-                    const ASGDOptions& o, const at::Tensor* grad_scale,
-                    const at::Tensor* found_inf) {
-  for (const auto i : c10::irange(params.size())) {
-    at::Tensor param = params[i], ax = axs[i], grad = grads[i];
-    const at::Tensor &mu = mus[i], &eta = etas[i], &step = steps[i];
-    const auto dev = param.device();
-    std::vector<at::Tensor> olds;
-    if (found_inf != nullptr) {
-      olds = {param.clone(), ax.clone(), mu.clone(), eta.clone(), step.clone()};
+// The op's arguments for one device's lists (the op validates exactly these).
+struct DeviceCall {
+  std::vector<at::Tensor> params, grads, axs, mus, etas, steps;
+  std::optional<at::Tensor> grad_scale, found_inf;
+
+  ASGDArgs args(const ASGDOptions& o) const {
+    std::optional<at::Tensor> lr_tensor;
+    if (o.has_tensor_lr()) lr_tensor = o.lr_tensor();
+    return {params, grads, axs, mus, etas, steps, o.lr(), lr_tensor, o.lambd(), o.alpha(),
+            o.t0(), o.weight_decay(), o.maximize(), grad_scale, found_inf};
+  }
+};
+
+// torch.optim.ASGD's for-loop update, op for op (fused=false): with
+// capturable=false it reads step/eta/mu (and found_inf) on the host and copies
+// ax while mu == 1, as torch does; capturable=true is its sync-free tensor
+// form, which skips on the device. grad_scale/found_inf follow the fused op's
+// contract (grads multiplied by the float32 reciprocal of grad_scale).
+void reference_step(const DeviceCall& c, const ASGDOptions& o) {
+  const bool capturable = o.capturable();
+  if (c.found_inf.has_value() && !capturable && c.found_inf->item<double>() != 0) return;
+  std::optional<at::Tensor> inv_scale;
+  if (c.grad_scale.has_value()) {
+    inv_scale = c.grad_scale->to(at::kDouble).reciprocal().to(at::kFloat);
+  }
+  std::vector<std::pair<at::Tensor, at::Tensor>> olds;  // capturable skip on the device
+  if (capturable && c.found_inf.has_value()) {
+    for (const auto* list : {&c.params, &c.axs, &c.mus, &c.etas, &c.steps}) {
+      for (const auto& t : *list) olds.emplace_back(t, t.clone());
     }
-    if (grad_scale != nullptr && grad_scale->defined()) {
-      grad = grad * grad_scale->to(dev).to(at::kDouble).reciprocal().to(at::kFloat);
-    }
+  }
+  const double lambd = o.lambd(), alpha = o.alpha(), t0 = o.t0();
+  for (const auto i : c10::irange(c.params.size())) {
+    at::Tensor param = c.params[i], ax = c.axs[i], grad = c.grads[i];
+    const at::Tensor &mu = c.mus[i], &eta = c.etas[i], &step_t = c.steps[i];
+    if (inv_scale.has_value()) grad = grad * inv_scale->to(grad.device());
     if (o.maximize()) grad = -grad;
     if (param.is_complex()) {
       grad = at::view_as_real(grad);
       param = at::view_as_real(param);
       ax = at::view_as_real(ax);
     }
-    step.add_(1);
+    step_t.add_(1);
     if (o.weight_decay() != 0) grad = grad.add(param, o.weight_decay());
-    param.mul_(1 - o.lambd() * eta);
-    param.addcmul_(grad, eta, -1);
-    ax.add_(param.sub(ax).mul_(mu));
-    const double lr = o.lr();
-    eta.copy_(lr / (1 + o.lambd() * lr * step.to(at::kDouble)).pow(o.alpha()));
-    mu.copy_(1 / at::maximum(step - o.t0(), at::ones_like(step)));
-    if (found_inf != nullptr) {
-      const auto skip = found_inf->to(dev) != 0;
-      const std::vector<at::Tensor> news = {params[i], axs[i], mu, eta, step};
-      for (const auto k : c10::irange(news.size())) {
-        news[k].copy_(at::where(skip, olds[k], news[k]));
+    if (capturable) {
+      // Python's `lr / ((1 + lambd * lr * step_t) ** alpha)` evaluates as
+      // ((step_t * (lambd * lr) + 1) ** alpha).reciprocal() * lr.
+      param.mul_(1 - lambd * eta);
+      param.addcmul_(grad, eta, -1);
+      ax.add_(param.sub(ax).mul_(mu));
+      if (o.has_tensor_lr()) {
+        const auto lr = o.lr_tensor().to(eta.device());
+        eta.copy_((lambd * lr * step_t + 1).pow(alpha).reciprocal() * lr);
+      } else {
+        eta.copy_((step_t * (lambd * o.lr()) + 1).pow(alpha).reciprocal() * o.lr());
       }
+      mu.copy_(at::maximum(step_t - t0, at::ones_like(step_t)).reciprocal());
+    } else {
+      const double eta_value = eta.item<double>();
+      param.mul_(1 - lambd * eta_value);
+      param.add_(grad, -eta_value);
+      if (mu.item<double>() != 1) {
+        ax.add_(param.sub(ax).mul_(mu));
+      } else {
+        ax.copy_(param);
+      }
+      const double lr = o.has_tensor_lr() ? o.lr_tensor().item<double>() : o.lr();
+      const double step = step_t.item<double>();
+      eta.fill_(lr / std::pow(1 + lambd * lr * step, alpha));
+      mu.fill_(1 / std::max(1.0, step - t0));
     }
+  }
+  if (!olds.empty()) {
+    const auto skip = *c.found_inf != 0;
+    for (auto& [t, old] : olds) t.copy_(at::where(skip.to(t.device()), old, t));
   }
 }
 
 }  // namespace
 
+at::ScalarType scalar_state_dtype() {
+  return c10::typeMetaToScalarType(at::get_default_dtype()) == at::kDouble ? at::kDouble
+                                                                           : at::kFloat;
+}
+
+void adopt_loaded_state(ASGDParamState& st, const at::Tensor& p, const std::string& where) {
+  TORCH_CHECK_VALUE(st.ax().defined() && st.step().defined() && st.eta().defined() &&
+                        st.mu().defined(),
+                    where, " lacks step, eta, mu or ax");
+  const auto& ax = st.ax();
+  TORCH_CHECK_VALUE(ax.sizes() == p.sizes(), where, "['ax'] has shape ", ax.sizes(),
+                    " but the parameter has shape ", p.sizes());
+  TORCH_CHECK_TYPE(at::isComplexType(ax.scalar_type()) == at::isComplexType(p.scalar_type()) &&
+                       (at::isFloatingType(ax.scalar_type()) ||
+                        at::isComplexType(ax.scalar_type())),
+                   where, "['ax'] has dtype ", ax.scalar_type(), " but the parameter has dtype ",
+                   p.scalar_type());
+  for (const auto* t : {&st.step(), &st.eta(), &st.mu()}) {
+    TORCH_CHECK_VALUE(t->numel() == 1 && (at::isFloatingType(t->scalar_type()) ||
+                                          at::isIntegralType(t->scalar_type(), false)),
+                      where, ": step, eta and mu must each hold one real number, got ",
+                      t->scalar_type(), " of shape ", t->sizes());
+  }
+  const auto sdtype = scalar_state_dtype();
+  auto scalar = [&](const at::Tensor& t) {
+    const auto s = t.scalar_type();
+    const auto dt = s == at::kDouble || s == at::kFloat ? s : sdtype;
+    return t.detach().to(p.device(), dt, /*non_blocking=*/false, /*copy=*/true).reshape({});
+  };
+  auto step = scalar(st.step()), eta = scalar(st.eta()), mu = scalar(st.mu());
+  st.ax(ax.detach().to(p.device(), p.scalar_type(), false, /*copy=*/true));
+  st.step(step);
+  st.eta(eta);
+  st.mu(mu);
+}
+
 // ---- ASGDOptions -------------------------------------------------------
 
 ASGDOptions::ASGDOptions(double lr) : lr_(lr) {}
 
+ASGDOptions::ASGDOptions(torch::Tensor lr) { this->lr(std::move(lr)); }
+
+ASGDOptions& ASGDOptions::lr(torch::Tensor new_lr) {
+  TORCH_CHECK_VALUE(new_lr.defined(), "ASGDOptions: a tensor lr must be defined");
+  lr_tensor_ = std::move(new_lr);
+  return *this;
+}
+
 bool operator==(const ASGDOptions& lhs, const ASGDOptions& rhs) {
-  return lhs.lr() == rhs.lr() && lhs.lambd() == rhs.lambd() && lhs.alpha() == rhs.alpha() &&
+  const bool same_lr = lhs.has_tensor_lr() || rhs.has_tensor_lr()
+                           ? lhs.lr_tensor().is_same(rhs.lr_tensor())
+                           : lhs.lr() == rhs.lr();
+  return same_lr && lhs.lambd() == rhs.lambd() && lhs.alpha() == rhs.alpha() &&
          lhs.t0() == rhs.t0() && lhs.weight_decay() == rhs.weight_decay() &&
          lhs.maximize() == rhs.maximize() && lhs.capturable() == rhs.capturable() &&
          lhs.fused() == rhs.fused();
 }
 
 void ASGDOptions::validate() const {
-  TORCH_CHECK_VALUE(lr() >= 0.0, "ASGD: invalid learning rate: ", lr(), " (must be >= 0)");
-  TORCH_CHECK_VALUE(lambd() >= 0.0, "ASGD: invalid lambd value: ", lambd(), " (must be >= 0)");
-  TORCH_CHECK_VALUE(alpha() >= 0.0, "ASGD: invalid alpha value: ", alpha(), " (must be >= 0)");
-  TORCH_CHECK_VALUE(weight_decay() >= 0.0, "ASGD: invalid weight_decay value: ", weight_decay(),
-                    " (must be >= 0)");
+  // The op's own option rules (empty lists: only the options are checked).
+  check_asgd_args(DeviceCall{}.args(*this));
 }
 
 void ASGDOptions::serialize(torch::serialize::OutputArchive& archive) const {
@@ -115,6 +196,7 @@ void ASGDOptions::serialize(torch::serialize::OutputArchive& archive) const {
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(maximize);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(capturable);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(fused);
+  if (has_tensor_lr()) archive.write("lr_tensor", lr_tensor());
 }
 
 void ASGDOptions::serialize(torch::serialize::InputArchive& archive) {
@@ -126,10 +208,22 @@ void ASGDOptions::serialize(torch::serialize::InputArchive& archive) {
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, maximize);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, capturable);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG_OPTIONAL(bool, fused);
+  c10::IValue t;
+  if (archive.try_read("lr_tensor", t) && t.isTensor()) lr(t.toTensor());
 }
 
-double ASGDOptions::get_lr() const { return lr(); }
-void ASGDOptions::set_lr(const double lr) { this->lr(lr); }
+double ASGDOptions::get_lr() const {
+  return has_tensor_lr() ? lr_tensor().item<double>() : lr();
+}
+
+void ASGDOptions::set_lr(const double lr) {
+  if (has_tensor_lr()) {
+    at::NoGradGuard no_grad;
+    lr_tensor_.fill_(lr);
+  } else {
+    this->lr(lr);
+  }
+}
 
 // ---- ASGDParamState ----------------------------------------------------
 
@@ -213,23 +307,8 @@ void ASGD::step_with_amp(const torch::Tensor& grad_scale, const torch::Tensor& f
 
 void ASGD::step_impl(const torch::Tensor* grad_scale, const torch::Tensor* found_inf) {
   at::NoGradGuard no_grad;
-  // Check every gradient before anything changes (the op checks again).
-  for (const auto& group : param_groups_) {
-    for (const auto& p : group.params()) {
-      const auto& g = p.grad();
-      if (!g.defined()) continue;
-      TORCH_CHECK(!g.is_sparse(), "ASGD does not support sparse gradients");
-      TORCH_CHECK_TYPE(at::isFloatingType(p.scalar_type()) || at::isComplexType(p.scalar_type()),
-                       "ASGD.step: a parameter has unsupported dtype ", p.scalar_type(),
-                       " (floating point and complex only)");
-      TORCH_CHECK_VALUE(g.sizes() == p.sizes(), "ASGD.step: a gradient has shape ", g.sizes(),
-                        " but its parameter has shape ", p.sizes());
-      TORCH_CHECK_TYPE(g.scalar_type() == p.scalar_type(), "ASGD.step: a gradient has dtype ",
-                       g.scalar_type(), " but its parameter has dtype ", p.scalar_type());
-      TORCH_CHECK(g.device() == p.device(), "ASGD.step: a gradient is on ", g.device(),
-                  " but its parameter is on ", p.device());
-    }
-  }
+  // All or nothing: plan every group's op calls and run the op's validator
+  // on each, then create the missing state, then write.
   if (grad_scale != nullptr) {
     TORCH_CHECK_TYPE(grad_scale->scalar_type() == at::kFloat && grad_scale->numel() == 1,
                      "ASGD.step_with_amp: grad_scale must be a 1-element float32 tensor");
@@ -238,55 +317,81 @@ void ASGD::step_impl(const torch::Tensor* grad_scale, const torch::Tensor* found
     TORCH_CHECK_TYPE(found_inf->scalar_type() == at::kFloat && found_inf->numel() == 1,
                      "ASGD.step_with_amp: found_inf must be a 1-element float32 tensor");
   }
+  struct GroupPlan {
+    const ASGDOptions* options;
+    bool fused;
+    std::vector<DeviceCall> calls;
+  };
+  std::vector<GroupPlan> plans;
+  std::vector<std::pair<void*, std::unique_ptr<ASGDParamState>>> created;
   const auto sdtype = scalar_state_dtype();
-  for (auto& group : param_groups_) {
+  for (const auto gi : c10::irange(param_groups_.size())) {
+    const auto& group = param_groups_[gi];
     const auto& o = static_cast<const ASGDOptions&>(group.options());
-    std::vector<at::Tensor> params, grads, axs, mus, etas, steps;
+    DeviceCall all;
     for (const auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      auto& slot = state_[p.unsafeGetTensorImpl()];
-      if (!slot) {  // lazily, as Python: step=0, eta=lr, mu=1, ax=zeros_like(p)
-        auto st = std::make_unique<ASGDParamState>();
+      const ASGDParamState* st = nullptr;
+      auto it = state_.find(p.unsafeGetTensorImpl());
+      if (it != state_.end()) {
+        st = static_cast<const ASGDParamState*>(it->second.get());
+      } else {  // as Python: step=0, eta=lr, mu=1, ax=zeros_like(p); kept if the step runs
+        auto fresh = std::make_unique<ASGDParamState>();
         const auto opts = at::TensorOptions().dtype(sdtype).device(p.device());
-        st->step(at::zeros({}, opts));
-        st->eta(at::full({}, o.lr(), opts));
-        st->mu(at::ones({}, opts));
-        st->ax(at::zeros_like(p, at::MemoryFormat::Preserve));
-        slot = std::move(st);
+        fresh->step(at::zeros({}, opts));
+        fresh->eta(o.has_tensor_lr()
+                       ? o.lr_tensor().detach().to(opts, false, /*copy=*/true).reshape({})
+                       : at::full({}, o.lr(), opts));
+        fresh->mu(at::ones({}, opts));
+        fresh->ax(at::zeros_like(p, at::MemoryFormat::Preserve));
+        st = fresh.get();
+        created.emplace_back(p.unsafeGetTensorImpl(), std::move(fresh));
       }
-      auto& st = static_cast<ASGDParamState&>(*slot);
-      params.push_back(p);
-      grads.push_back(p.grad());
-      axs.push_back(st.ax());
-      mus.push_back(st.mu());
-      etas.push_back(st.eta());
-      steps.push_back(st.step());
+      all.params.push_back(p);
+      all.grads.push_back(p.grad());
+      all.axs.push_back(st->ax());
+      all.mus.push_back(st->mu());
+      all.etas.push_back(st->eta());
+      all.steps.push_back(st->step());
     }
-    if (params.empty()) continue;
+    if (all.params.empty()) continue;
     bool all_fused_devices = true;
-    for (const auto& p : params) all_fused_devices = all_fused_devices && fused_device(p.device());
-    const bool fused = o.fused().value_or(all_fused_devices);
-    if (!fused) {
-      reference_step(params, grads, axs, mus, etas, steps, o, grad_scale, found_inf);
-      continue;
-    }
+    for (const auto& p : all.params) all_fused_devices = all_fused_devices && fused_device(p.device());
+    GroupPlan plan{&o, o.fused().value_or(all_fused_devices), {}};
     // One op call per device (the op itself groups by dtype).
-    std::map<c10::Device, std::vector<size_t>, DeviceLess> by_device;
-    for (const auto i : c10::irange(params.size())) by_device[params[i].device()].push_back(i);
-    for (const auto& [device, idx] : by_device) {
-      auto pick = [&](const std::vector<at::Tensor>& xs) {
-        if (by_device.size() == 1) return xs;
-        std::vector<at::Tensor> out;
-        out.reserve(idx.size());
-        for (auto i : idx) out.push_back(xs[i]);
-        return out;
-      };
-      std::optional<at::Tensor> gs, fi;
-      if (grad_scale != nullptr) gs = grad_scale->to(device, /*non_blocking=*/true);
-      if (found_inf != nullptr) fi = found_inf->to(device, /*non_blocking=*/true);
-      asgd_op().call(pick(params), pick(grads), pick(axs), pick(mus), pick(etas), pick(steps),
-                     o.lr(), o.lambd(), o.alpha(), o.t0(), o.weight_decay(), o.maximize(), gs,
-                     fi);
+    for (const auto& [device, idx] : api::index_by_device(all.params)) {
+      DeviceCall c{api::pick(all.params, idx), api::pick(all.grads, idx),
+                   api::pick(all.axs, idx),    api::pick(all.mus, idx),
+                   api::pick(all.etas, idx),   api::pick(all.steps, idx),
+                   std::nullopt,               std::nullopt};
+      if (grad_scale != nullptr) c.grad_scale = grad_scale->to(device, /*non_blocking=*/true);
+      if (found_inf != nullptr) c.found_inf = found_inf->to(device, /*non_blocking=*/true);
+      try {
+        check_asgd_args(c.args(o));
+      } catch (c10::Error& e) {
+        e.add_context(c10::str("ASGD.step: in param_groups[", gi, "] (its tensors on ", device,
+                               "); nothing was changed"));
+        throw;
+      }
+      plan.calls.push_back(std::move(c));
+    }
+    plans.push_back(std::move(plan));
+  }
+  for (auto& [key, st] : created) state_[key] = std::move(st);
+  for (const auto& plan : plans) {
+    const auto& o = *plan.options;
+    for (const auto& c : plan.calls) {
+      if (!plan.fused) {
+        reference_step(c, o);
+      } else if (o.has_tensor_lr()) {
+        asgd_tensor_lr_op().call(c.params, c.grads, c.axs, c.mus, c.etas, c.steps,
+                                 o.lr_tensor(), o.lambd(), o.alpha(), o.t0(), o.weight_decay(),
+                                 o.maximize(), c.grad_scale, c.found_inf);
+      } else {
+        asgd_op().call(c.params, c.grads, c.axs, c.mus, c.etas, c.steps, o.lr(), o.lambd(),
+                       o.alpha(), o.t0(), o.weight_decay(), o.maximize(), c.grad_scale,
+                       c.found_inf);
+      }
     }
   }
 }
@@ -309,7 +414,6 @@ void ASGD::load(torch::serialize::InputArchive& archive) {
   } catch (const std::exception& e) {  // e.g. torch::jit::ObjectAttributeError
     TORCH_CHECK(false, "ASGD.load: the archive is not a torchext ASGD checkpoint: ", e.what());
   }
-  const auto sdtype = scalar_state_dtype();
   for (const auto gi : c10::irange(scratch.param_groups_.size())) {
     const auto& g = scratch.param_groups_[gi];
     static_cast<const ASGDOptions&>(g.options()).validate();
@@ -317,29 +421,9 @@ void ASGD::load(torch::serialize::InputArchive& archive) {
       const auto& p = g.params()[pi];
       auto it = scratch.state_.find(p.unsafeGetTensorImpl());
       if (it == scratch.state_.end()) continue;
-      auto& st = static_cast<ASGDParamState&>(*it->second);
-      const auto where = [&] {
-        return c10::str("param_groups[", gi, "].params[", pi, "]");
-      };
-      TORCH_CHECK_VALUE(st.ax().defined() && st.step().defined() && st.eta().defined() &&
-                            st.mu().defined(),
-                        "ASGD.load: the state of ", where(), " lacks step, eta, mu or ax");
-      TORCH_CHECK_VALUE(st.ax().sizes() == p.sizes(), "ASGD.load: 'ax' of ", where(),
-                        " has shape ", st.ax().sizes(), " but the parameter has shape ",
-                        p.sizes());
-      for (const auto* t : {&st.step(), &st.eta(), &st.mu()}) {
-        TORCH_CHECK_VALUE(t->numel() == 1 && at::isFloatingType(t->scalar_type()),
-                          "ASGD.load: step, eta and mu of ", where(),
-                          " must be 1-element floating tensors");
-      }
-      auto scalar = [&](const at::Tensor& t) {
-        const auto dt = t.scalar_type() == at::kDouble ? at::kDouble : sdtype;
-        return t.to(p.device(), dt, /*non_blocking=*/false, /*copy=*/true).reshape({});
-      };
-      st.step(scalar(st.step()));
-      st.eta(scalar(st.eta()));
-      st.mu(scalar(st.mu()));
-      st.ax(st.ax().to(p.device(), p.scalar_type(), false, true));
+      adopt_loaded_state(static_cast<ASGDParamState&>(*it->second), p,
+                         c10::str("ASGD.load: the state of param_groups[", gi, "].params[", pi,
+                                  "]"));
     }
   }
   state_ = std::move(scratch.state_);

@@ -1,16 +1,19 @@
 // torchext::amp::GradScaler (LibTorch), on the torchext AMP ops called
 // through the dispatcher. Also the library-level functions of torchext.h.
 #include <torchext/torchext.h>
+#include <torchext/version.h>
+
+#include "../asgd_args.h"
+#include "../cpu/isa_kernels.h"
+#include "device_groups.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
 
-#include <map>
-
 namespace torchext {
 
-const char* version() { return "0.1.0"; }
+const char* version() { return TORCHEXT_VERSION; }
 
 bool ops_registered() {
   return c10::Dispatcher::singleton().findSchema({"torchext::asgd_", ""}).has_value();
@@ -18,13 +21,6 @@ bool ops_registered() {
 
 namespace amp {
 namespace {
-
-struct DeviceLess {
-  bool operator()(const c10::Device& a, const c10::Device& b) const {
-    return std::make_pair(static_cast<int>(a.type()), static_cast<int>(a.index())) <
-           std::make_pair(static_cast<int>(b.type()), static_cast<int>(b.index()));
-  }
-};
 
 using CheckFiniteOp = void(at::TensorList, const at::Tensor&);
 using UnscaleOp = void(at::TensorList, const at::Tensor&, const at::Tensor&);
@@ -49,35 +45,43 @@ const c10::TypedOperatorHandle<UpdateScaleOp>& update_scale_op() {
   return op;
 }
 
-// The gradients of an optimizer, grouped by device.
-std::map<c10::Device, std::vector<at::Tensor>, DeviceLess> grads_by_device(
-    const torch::optim::Optimizer& optimizer) {
-  std::map<c10::Device, std::vector<at::Tensor>, DeviceLess> out;
+// The gradients of an optimizer (every group), grouped by device, each with
+// a fresh found_inf on its device.
+struct DeviceGrads {
+  c10::Device device;
+  std::vector<at::Tensor> grads;
+  at::Tensor found_inf;
+};
+std::vector<DeviceGrads> grads_by_device(const torch::optim::Optimizer& optimizer) {
+  std::vector<at::Tensor> grads;
   for (const auto& group : optimizer.param_groups()) {
     for (const auto& p : group.params()) {
-      const auto& g = p.grad();
-      if (g.defined()) out[g.device()].push_back(g);
+      if (p.grad().defined()) grads.push_back(p.grad());
     }
+  }
+  std::vector<DeviceGrads> out;
+  for (const auto& [device, idx] : api::index_by_device(grads)) {
+    out.push_back({device, api::pick(grads, idx),
+                   at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device))});
   }
   return out;
 }
 
+using FoundInf = std::vector<std::pair<c10::Device, torch::Tensor>>;
+FoundInf found_infs(std::vector<DeviceGrads>& per_device) {
+  FoundInf out;
+  for (auto& d : per_device) out.emplace_back(d.device, std::move(d.found_inf));
+  return out;
+}
+
+// The options' rules are update_scale_'s own (checked here on 0-d
+// stand-ins for the state), plus init_scale > 0.
 void validate(const GradScalerOptions& o) {
   TORCH_CHECK_VALUE(o.init_scale() > 0.0, "GradScaler: init_scale must be > 0, got ",
                     o.init_scale());
-  TORCH_CHECK_VALUE(o.growth_factor() > 1.0, "GradScaler: growth_factor must be > 1, got ",
-                    o.growth_factor());
-  TORCH_CHECK_VALUE(o.backoff_factor() > 0.0 && o.backoff_factor() < 1.0,
-                    "GradScaler: backoff_factor must be in (0, 1), got ", o.backoff_factor());
-  TORCH_CHECK_VALUE(o.growth_interval() >= 1, "GradScaler: growth_interval must be >= 1, got ",
-                    o.growth_interval());
-  TORCH_CHECK_VALUE(o.hysteresis() >= 1, "GradScaler: hysteresis must be >= 1, got ",
-                    o.hysteresis());
-  const double lo = o.min_scale().value_or(0.0);
-  const double hi = o.max_scale().value_or(std::numeric_limits<double>::infinity());
-  TORCH_CHECK_VALUE(lo >= 0.0 && lo <= hi,
-                    "GradScaler: need 0 <= min_scale <= max_scale, got min_scale=", lo,
-                    ", max_scale=", hi);
+  const auto f = at::zeros({}, at::kFloat), i = at::zeros({}, at::kInt);
+  check_update_scale_args(f, i, i, f, o.growth_factor(), o.backoff_factor(),
+                          o.growth_interval(), o.hysteresis(), o.min_scale(), o.max_scale());
 }
 
 }  // namespace
@@ -139,13 +143,17 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   at::NoGradGuard no_grad;
   // torch: inv_scale = scale.double().reciprocal().float()
   const auto inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
-  std::vector<std::pair<c10::Device, torch::Tensor>> found;
-  for (const auto& [device, grads] : grads_by_device(optimizer)) {
-    auto found_inf = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device));
-    unscale_op().call(grads, found_inf, inv_scale.to(device, /*non_blocking=*/true));
-    found.emplace_back(device, std::move(found_inf));
+  auto per_device = grads_by_device(optimizer);
+  std::vector<at::Tensor> inv_scales;
+  // All or nothing: every device's list is checked before the first one is unscaled.
+  for (const auto& d : per_device) {
+    inv_scales.push_back(inv_scale.to(d.device, /*non_blocking=*/true));
+    check_unscale_args(d.grads, d.found_inf, inv_scales.back());
   }
-  st.found_inf_per_device = std::move(found);
+  for (const auto i : c10::irange(per_device.size())) {
+    unscale_op().call(per_device[i].grads, per_device[i].found_inf, inv_scales[i]);
+  }
+  st.found_inf_per_device = found_infs(per_device);
   st.stage = Stage::kUnscaled;
 }
 
@@ -166,18 +174,19 @@ torch::Tensor GradScaler::step(torch::optim::Optimizer& optimizer) {
   if (auto* asgd = dynamic_cast<torchext::optim::ASGD*>(&optimizer)) {
     // Sync-free: read-only check, then the fused op unscales on the fly and
     // skips on the device.
+    // The scaler's own state changes only once the step went through (ASGD
+    // checks all its groups before writing anything).
     const bool unscaled = st.stage == Stage::kUnscaled;
+    PerOptimizer next = st;
     if (!unscaled) {
       at::NoGradGuard no_grad;
-      std::vector<std::pair<c10::Device, torch::Tensor>> found;
-      for (const auto& [device, grads] : grads_by_device(optimizer)) {
-        auto found_inf = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device));
-        check_finite_op().call(grads, found_inf);
-        found.emplace_back(device, std::move(found_inf));
-      }
-      st.found_inf_per_device = std::move(found);
+      auto per_device = grads_by_device(optimizer);
+      for (const auto& d : per_device) check_amp_tensors("check_finite_", d.grads, d.found_inf);
+      for (auto& d : per_device) check_finite_op().call(d.grads, d.found_inf);
+      next.found_inf_per_device = found_infs(per_device);
     }
-    asgd->step_with_amp(unscaled ? torch::Tensor() : scale_, combined_found_inf(st));
+    asgd->step_with_amp(unscaled ? torch::Tensor() : scale_, combined_found_inf(next));
+    st = std::move(next);
     st.stage = Stage::kStepped;
     return torch::Tensor();
   }

@@ -23,10 +23,14 @@ const Kernels& kernels() {
 }  // namespace cpu
 }  // namespace torchext
 
-// Which build the CPU kernels run: "DEFAULT", "AVX2" or "AVX512". A plain C
-// symbol, not an op: it is build information (torchext.cpu_isa(), `python -m
-// torchext info`, the per-ISA tests), nothing a graph should trace.
+// torchext::cpu_isa() (declared in <torchext/torchext.h>) and the same as a
+// plain C symbol for Python's torchext.cpu_isa() (ctypes): build
+// information, not an op, so nothing a graph would trace.
+// (Declared here rather than by including torchext.h, which would pull the
+// C++ API into builds without it: TORCHEXT_CPP_API=0.)
+namespace torchext {
+__attribute__((visibility("default"))) const char* cpu_isa() { return cpu::kernels().isa; }
+}  // namespace torchext
 extern "C" __attribute__((visibility("default"))) const char* torchext_cpu_isa() {
-  return torchext::cpu::kernels().isa;
+  return torchext::cpu_isa();
 }
-

@@ -12,8 +12,28 @@
 
 namespace torchext {
 
-// The library's version, e.g. "0.1.0".
+// Checkpoints in Python's format. save_state_dict writes what Python's
+// torch.save(x.state_dict(), path) writes (read it with torch.load(path,
+// weights_only=True) and load it into torchext.optim.ASGD / torch.optim.ASGD,
+// or torchext.amp.GradScaler / torch.amp.GradScaler); load_state_dict reads
+// such a file (from either class, old float step/eta/mu included), matching
+// parameters by position as Python does. load_state_dict validates the whole
+// file first (group count and sizes, shapes, dtypes, element counts) and
+// changes nothing when it does not fit; it throws c10::Error naming what does
+// not fit, also for a truncated or corrupt file. State tensors are written
+// on the CPU and loaded onto each parameter's device.
+TORCHEXT_API void save_state_dict(const optim::ASGD& optimizer, const std::string& path);
+TORCHEXT_API void load_state_dict(optim::ASGD& optimizer, const std::string& path);
+TORCHEXT_API void save_state_dict(const amp::GradScaler& scaler, const std::string& path);
+TORCHEXT_API void load_state_dict(amp::GradScaler& scaler, const std::string& path);
+
+// The library's version, e.g. "0.1.0" (version.txt).
 TORCHEXT_API const char* version();
+
+// The CPU instruction set torchext's CPU kernels run with: "DEFAULT", "AVX2"
+// or "AVX512", the best one built that ATen also picked
+// (at::get_cpu_capability(), so ATEN_CPU_CAPABILITY=default forces DEFAULT).
+TORCHEXT_API const char* cpu_isa();
 
 // True once the library is loaded (its ops are then registered). Every
 // translation unit that includes this header references it, so a program

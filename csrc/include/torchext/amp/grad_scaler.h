@@ -21,7 +21,11 @@
 #include <torch/serialize/archive.h>
 #include <torch/types.h>
 
+#include <ATen/core/Dict.h>
+#include <ATen/core/ivalue.h>
+
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <optional>
 #include <unordered_map>
@@ -94,6 +98,14 @@ class TORCHEXT_API GradScaler {
   // load() validates first and changes nothing when the archive is wrong.
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);
+
+  // Python's state_dict() / load_state_dict(): the keys of
+  // torchext.amp.GradScaler (torch.amp.GradScaler's five first, numbers
+  // only); load_state_dict also takes torch.amp.GradScaler's five keys alone.
+  // Validated first, nothing changes on error. state_dict() syncs (it reads
+  // the scale). torchext::save_state_dict/load_state_dict write/read files.
+  c10::impl::GenericDict state_dict() const;  // str -> number
+  void load_state_dict(const c10::impl::GenericDict& state_dict);
 
  private:
   enum class Stage { kReady, kUnscaled, kStepped };

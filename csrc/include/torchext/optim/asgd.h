@@ -31,13 +31,26 @@ namespace optim {
 struct TORCHEXT_API ASGDOptions
     : public torch::optim::OptimizerCloneableOptions<ASGDOptions> {
   /* implicit */ ASGDOptions(double lr = 1e-2);
-  TORCH_ARG(double, lr) = 1e-2;
+  // A 0-d (1-element) floating tensor lr, as Python's tensor lr: the fused op
+  // (asgd_.tensor_lr) reads it on the device, so a schedule that changes it
+  // in place (lr.fill_(x), lr.mul_(g)) needs no host sync and no new graph.
+  explicit ASGDOptions(torch::Tensor lr);
+  // A float lr (drops a tensor lr). lr() is the float lr; with a tensor lr
+  // it is meaningless: use lr_tensor() (or get_lr(), which syncs).
+  ASGDOptions& lr(double new_lr) {
+    lr_ = new_lr;
+    lr_tensor_ = torch::Tensor();
+    return *this;
+  }
+  double lr() const noexcept { return lr_; }
   TORCH_ARG(double, lambd) = 1e-4;
   TORCH_ARG(double, alpha) = 0.75;
   TORCH_ARG(double, t0) = 1e6;
   TORCH_ARG(double, weight_decay) = 0;
   TORCH_ARG(bool, maximize) = false;
-  // Accepted for parity with Python. Every path here is sync-free already.
+  // As Python's `capturable`, for the fused=false path only: true runs its
+  // sync-free tensor form; false follows torch.optim.ASGD's for-loop path op
+  // for op (it reads step/eta/mu on the host). The fused op never syncs.
   TORCH_ARG(bool, capturable) = false;
   // nullopt: fused whenever every parameter is on CPU or CUDA (default).
   // true: always the fused op (error on other devices). false: a pure
@@ -45,13 +58,26 @@ struct TORCHEXT_API ASGDOptions
   TORCH_ARG(std::optional<bool>, fused) = std::nullopt;
 
  public:
+  // Sets a tensor lr (see the constructor); lr(double) sets a float lr and
+  // drops a tensor lr.
+  ASGDOptions& lr(torch::Tensor new_lr);
+  // The tensor lr, or an undefined tensor when the lr is a float.
+  const torch::Tensor& lr_tensor() const noexcept { return lr_tensor_; }
+  bool has_tensor_lr() const noexcept { return lr_tensor_.defined(); }
+
   void serialize(torch::serialize::InputArchive& archive) override;
   void serialize(torch::serialize::OutputArchive& archive) const override;
+  // With a tensor lr: get_lr() reads it (a host sync), set_lr() fills it in
+  // place (no sync), as torch's LR schedulers do with a tensor lr.
   double get_lr() const override;
   void set_lr(const double lr) override;
   // Throws c10::Error (ValueError in Python terms) on a bad value.
   void validate() const;
   TORCHEXT_API friend bool operator==(const ASGDOptions& lhs, const ASGDOptions& rhs);
+
+ private:
+  double lr_ = 1e-2;
+  torch::Tensor lr_tensor_;
 };
 
 struct TORCHEXT_API ASGDParamState
@@ -72,7 +98,10 @@ class TORCHEXT_API ASGD : public torch::optim::Optimizer {
                 ASGDOptions defaults = {});
   explicit ASGD(std::vector<torch::Tensor> params, ASGDOptions defaults = {});
 
-  // Runs the closure (with grad mode on) if given, then one step.
+  // Runs the closure (with grad mode on) if given, then one step. All or
+  // nothing: every group is checked (the asgd_ op's own validator) before
+  // the first write, so a rejected step changes nothing, not even the state
+  // it would have created.
   torch::Tensor step(LossClosure closure = nullptr) override;
 
   // The step GradScaler uses (torch's _step_supports_amp_scaling contract):
