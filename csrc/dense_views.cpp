@@ -66,3 +66,11 @@ void write_cpu_scalar(const at::Tensor& t, double value) {
 }
 
 }  // namespace torchext
+
+namespace torchext {
+
+bool walkable_as_flat_pair(const at::Tensor& a, const at::Tensor& b) {
+  return a.is_non_overlapping_and_dense() && same_dense_layout(a, b);
+}
+
+}  // namespace torchext

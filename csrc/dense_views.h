@@ -31,3 +31,11 @@ DenseOne make_dense_one(const at::Tensor& t);
 void write_cpu_scalar(const at::Tensor& t, double value);
 
 }  // namespace torchext
+
+namespace torchext {
+
+// Can a and b (same dtype and shape) be walked together as one flat buffer
+// each, element i of one matching element i of the other?
+bool walkable_as_flat_pair(const at::Tensor& a, const at::Tensor& b);
+
+}  // namespace torchext
