@@ -212,6 +212,8 @@ void ASGD::step_with_amp(const torch::Tensor& grad_scale, const torch::Tensor& f
 }
 
 void ASGD::step_impl(const torch::Tensor* grad_scale, const torch::Tensor* found_inf) {
+  TORCH_CHECK(!averaged_in_, "ASGD.step: the parameters hold their averages (an "
+              "AveragedParameters guard is alive); step after it goes out of scope");
   at::NoGradGuard no_grad;
   // Check every gradient before anything changes (the op checks again).
   for (const auto& group : param_groups_) {

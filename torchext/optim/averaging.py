@@ -91,7 +91,9 @@ def averaged_parameters(optimizer: Any) -> Iterator[None]:
     try:
         yield
     finally:
-        setattr(optimizer, _FLAG, False)
+        # Removed, not set to False: the optimizer is left exactly as before,
+        # so a compiled step() guarding on it does not recompile.
+        optimizer.__dict__.pop(_FLAG, None)
         for h in handles:
             h.remove()
         _swap(pairs)
