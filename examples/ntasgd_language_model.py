@@ -122,16 +122,19 @@ def save_plot(path, history, trigger_epoch):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--epochs", type=int, default=16)
-    ap.add_argument("--train-chars", type=int, default=200_000)
-    ap.add_argument("--val-chars", type=int, default=40_000)
+    ap.add_argument("--train-chars", type=int, default=100_000)
+    ap.add_argument("--val-chars", type=int, default=20_000)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--bptt", type=int, default=50)
-    ap.add_argument("--dim", type=int, default=128)
-    ap.add_argument("--lr", type=float, default=2.0)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--lr", type=float, default=8.0)
     ap.add_argument("--nonmono", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="CPU threads (default 1: matrices this small gain little from more)")
     ap.add_argument("--plot", metavar="PNG", help="write the curves (needs matplotlib)")
     args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
 
     torch.manual_seed(args.seed)
     train_text, val_text = stdlib_text(args.train_chars, args.val_chars)

@@ -29,13 +29,7 @@ void swap_bytes(char* a, char* b, int64_t nbytes) {
 
 // Pairs whose layouts differ (or are not dense): strided, element by element.
 void swap_strided(const at::Tensor& a, const at::Tensor& b) {
-  auto iter = at::TensorIteratorConfig()
-                  .set_check_mem_overlap(false)  // checked by check_swap_args
-                  .check_all_same_dtype(false)
-                  .resize_outputs(false)
-                  .add_output(a)
-                  .add_output(b)
-                  .build();
+  auto iter = strided_pair_iterator(a, b);
   const int64_t esize = static_cast<int64_t>(a.element_size());
   iter.for_each([esize](char** data, const int64_t* strides, int64_t n) {
     char* pa = data[0];

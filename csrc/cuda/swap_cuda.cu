@@ -58,13 +58,7 @@ void with_word_type(int64_t size, const Fn& fn) {
 }
 
 void swap_strided(const at::Tensor& a, const at::Tensor& b, cudaStream_t stream) {
-  auto iter = at::TensorIteratorConfig()
-                  .set_check_mem_overlap(false)  // checked by check_swap_args
-                  .check_all_same_dtype(false)
-                  .resize_outputs(false)
-                  .add_output(a)
-                  .add_output(b)
-                  .build();
+  auto iter = strided_pair_iterator(a, b);  // overlap checked by check_swap_args
   for (auto& sub : iter.with_32bit_indexing()) {
     const auto n = static_cast<uint32_t>(sub.numel());
     if (n == 0) continue;

@@ -60,9 +60,17 @@ def _local_pairs(optimizer: Any) -> dict[torch.device, tuple[list[Tensor], list[
 
 
 def _swap(pairs: dict[torch.device, tuple[list[Tensor], list[Tensor]]]) -> None:
+    """One swap_ per device (each validates before it swaps); all or nothing."""
+    done = []
     with torch.no_grad():
-        for ps, axs in pairs.values():
-            torch.ops.torchext.swap_(ps, axs)
+        try:
+            for ps, axs in pairs.values():
+                torch.ops.torchext.swap_(ps, axs)
+                done.append((ps, axs))
+        except Exception:
+            for ps, axs in done:
+                torch.ops.torchext.swap_(ps, axs)
+            raise
 
 
 def _refuse(what: str):
@@ -84,7 +92,7 @@ def averaged_parameters(optimizer: Any) -> Iterator[None]:
         raise RuntimeError("averaged_parameters() is already active for this optimizer "
                            "(nested use is not supported)")
     pairs = _local_pairs(optimizer)
-    _swap(pairs)  # validates everything before it swaps anything
+    _swap(pairs)  # raises with nothing swapped on bad state
     handles = [optimizer.register_state_dict_pre_hook(_refuse("state_dict")),
                optimizer.register_load_state_dict_pre_hook(_refuse("load_state_dict"))]
     setattr(optimizer, _FLAG, True)
