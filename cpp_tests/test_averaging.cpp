@@ -9,11 +9,10 @@
 
 namespace {
 
-struct Setup {
+struct Net {
+  int seeded = (torch::manual_seed(0), 0);  // before the members below are built
   torch::nn::Sequential model{torch::nn::Linear(4, 8), torch::nn::Tanh(), torch::nn::Linear(8, 2)};
   torch::Tensor x = torch::randn({16, 4}), y = torch::randn({16, 2});
-  Setup() { torch::manual_seed(0); }
-
   void step(torchext::optim::ASGD& opt) {
     opt.zero_grad();
     torch::mse_loss(model->forward(x), y).backward();
@@ -35,7 +34,7 @@ torch::Tensor ax_of(torchext::optim::ASGD& opt, const torch::Tensor& p) {
 }  // namespace
 
 TEST(Averaging, GuardEvaluatesWithAveragesAndRestoresBitForBit) {
-  Setup s;
+  Net s;
   torchext::optim::ASGD opt(s.model->parameters(),
                             torchext::optim::ASGDOptions(0.05).t0(0).lambd(1e-3));
   for (int i = 0; i < 5; ++i) s.step(opt);
@@ -76,7 +75,7 @@ TEST(Averaging, GuardEvaluatesWithAveragesAndRestoresBitForBit) {
 }
 
 TEST(Averaging, StartAveragingGivesTheMeanOfTheNextIterates) {
-  Setup s;
+  Net s;
   torchext::optim::ASGD opt(s.model->parameters(),
                             torchext::optim::ASGDOptions(0.05).t0(2).lambd(1e-3));
   for (int i = 0; i < 6; ++i) s.step(opt);
