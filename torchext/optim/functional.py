@@ -51,7 +51,9 @@ def asgd(
     math, op for op as torch.optim.ASGD's for-loop, so autograd can flow).
     ``grad_scale``/``found_inf`` follow torch's ``_step_supports_amp_scaling``
     contract: grads are unscaled on the fly, and nothing changes when
-    ``found_inf`` is non-zero.
+    ``found_inf`` is non-zero. ``t0`` may be one value per parameter (what
+    ``ASGD.start_averaging`` records when a group's parameters took different
+    numbers of steps): then one step runs per distinct value.
     """
     if not params:
         return
