@@ -68,3 +68,11 @@ void check_update_scale_args(const at::Tensor& scale,
                              std::optional<double> max_scale);
 
 }  // namespace torchext
+
+namespace torchext {
+
+// Validation of swap_: equal lengths; each pair defined, strided, same dtype,
+// shape and device, not overlapping in memory; one device for all.
+void check_swap_args(at::TensorList tensors, at::TensorList others);
+
+}  // namespace torchext

@@ -1,5 +1,6 @@
 #include "dense_views.h"
 
+#include <ATen/TensorIterator.h>
 #include <ATen/ops/view_as_real.h>
 #include <c10/util/Exception.h>
 
@@ -63,6 +64,24 @@ void write_cpu_scalar(const at::Tensor& t, double value) {
     case at::kLong: *static_cast<int64_t*>(p) = static_cast<int64_t>(value); break;
     default: t.fill_(value);
   }
+}
+
+}  // namespace torchext
+
+namespace torchext {
+
+bool walkable_as_flat_pair(const at::Tensor& a, const at::Tensor& b) {
+  return a.is_non_overlapping_and_dense() && same_dense_layout(a, b);
+}
+
+at::TensorIterator strided_pair_iterator(const at::Tensor& a, const at::Tensor& b) {
+  return at::TensorIteratorConfig()
+      .set_check_mem_overlap(false)
+      .check_all_same_dtype(false)
+      .resize_outputs(false)
+      .add_output(a)
+      .add_output(b)
+      .build();
 }
 
 }  // namespace torchext

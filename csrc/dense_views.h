@@ -31,3 +31,19 @@ DenseOne make_dense_one(const at::Tensor& t);
 void write_cpu_scalar(const at::Tensor& t, double value);
 
 }  // namespace torchext
+
+namespace at {
+struct TensorIterator;
+}
+
+namespace torchext {
+
+// Can a and b (same dtype and shape) be walked together as one flat buffer
+// each, element i of one matching element i of the other?
+bool walkable_as_flat_pair(const at::Tensor& a, const at::Tensor& b);
+
+// A TensorIterator over a and b as two outputs (same dtype and shape, not
+// overlapping: the caller has checked), for pairs that are not.
+at::TensorIterator strided_pair_iterator(const at::Tensor& a, const at::Tensor& b);
+
+}  // namespace torchext

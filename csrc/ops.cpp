@@ -46,4 +46,10 @@ TORCH_LIBRARY(torchext, m) {
       "Tensor(c!) hysteresis_tracker, Tensor found_inf, *, float growth_factor, "
       "float backoff_factor, int growth_interval, int hysteresis=1, "
       "float? min_scale=None, float? max_scale=None) -> ()");
+  // Averaged weights (ASGD.averaged_parameters): swaps the values of
+  // tensors[i] and others[i] in place, element for element, for every i. The
+  // tensors keep their storage (same data_ptr), so compiled code and captured
+  // CUDA graphs that read them stay valid. Pairs must match in dtype, shape
+  // and device; the lists may mix dtypes and layouts.
+  m.def("swap_(Tensor(a! -> *)[] tensors, Tensor(b! -> *)[] others) -> ()");
 }

@@ -57,7 +57,8 @@ def _entry(rank, world, ports, scenario, tmpdir):
     dist.init_process_group("gloo", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=SPAWN_TIMEOUT_S // 2))
     try:
-        SCENARIOS[scenario](rank, world, tmpdir)
+        # A name from SCENARIOS, or a scenario function of another test module.
+        (SCENARIOS[scenario] if isinstance(scenario, str) else scenario)(rank, world, tmpdir)
         dist.barrier()
     finally:
         dist.destroy_process_group()

@@ -306,6 +306,8 @@ void ASGD::step_with_amp(const torch::Tensor& grad_scale, const torch::Tensor& f
 }
 
 void ASGD::step_impl(const torch::Tensor* grad_scale, const torch::Tensor* found_inf) {
+  TORCH_CHECK(!averaged_in_, "ASGD.step: the parameters hold their averages (an "
+              "AveragedParameters guard is alive); step after it goes out of scope");
   at::NoGradGuard no_grad;
   // All or nothing: plan every group's op calls and run the op's validator
   // on each, then create the missing state, then write.

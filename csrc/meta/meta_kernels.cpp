@@ -88,3 +88,26 @@ TORCH_LIBRARY_IMPL(torchext, CompositeExplicitAutograd, m) {
 }
 
 }  // namespace torchext
+
+// swap_: the same validation-only kernels as the ops above.
+namespace torchext {
+namespace {
+
+void swap_meta(at::TensorList tensors, at::TensorList others) {
+  check_swap_args(tensors, others);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(torchext, Meta, m) { m.impl("swap_", &swap_meta); }
+TORCH_LIBRARY_IMPL(torchext, SparseCPU, m) {
+  m.impl("swap_", &reject_sparse<&swap_meta, at::TensorList, at::TensorList>);
+}
+TORCH_LIBRARY_IMPL(torchext, SparseCUDA, m) {
+  m.impl("swap_", &reject_sparse<&swap_meta, at::TensorList, at::TensorList>);
+}
+TORCH_LIBRARY_IMPL(torchext, CompositeExplicitAutograd, m) {
+  m.impl("swap_", &no_kernel_for_device<&swap_meta, at::TensorList>);
+}
+
+}  // namespace torchext

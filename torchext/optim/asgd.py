@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 from torch.optim.optimizer import Optimizer, ParamsT
 
+from . import averaging as _averaging
 from . import functional as F
 
 __all__ = ["ASGD"]
@@ -193,6 +194,7 @@ class ASGD(Optimizer):
         Args:
             closure (Callable, optional): re-evaluates the model and returns the loss.
         """
+        _averaging.check_not_averaging(self)  # before anything changes
         # What torch's LR schedulers record to warn about a scheduler stepped
         # before its optimizer (see `_wrapped_by_lr_sched` below).
         self._opt_called = True
@@ -217,7 +219,7 @@ class ASGD(Optimizer):
                        foreach=group["foreach"], maximize=group["maximize"],
                        differentiable=group["differentiable"], capturable=group["capturable"],
                        has_complex=has_complex, lambd=group["lambd"], lr=group["lr"],
-                       t0=group["t0"], alpha=group["alpha"],
+                       t0=_averaging.group_t0(group, params), alpha=group["alpha"],
                        weight_decay=group["weight_decay"], fused=group["fused"],
                        grad_scale=grad_scale, found_inf=found_inf)
         return loss
@@ -229,6 +231,17 @@ class ASGD(Optimizer):
     # graph). step() records `_opt_called` itself, and this marker tells the
     # schedulers there is nothing to wrap.
     step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+
+    def averaged_parameters(self):
+        """Context manager: inside, every stepped parameter holds its average
+        ``ax``, swapped in place; on exit both are restored bit for bit.
+        See :func:`torchext.optim.averaging.averaged_parameters`."""
+        return _averaging.averaged_parameters(self)
+
+    def start_averaging(self) -> None:
+        """Restarts the average with the next step (NT-ASGD). The exact rule:
+        :func:`torchext.optim.averaging.start_averaging`."""
+        _averaging.start_averaging(self)
 
     @torch._disable_dynamo
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

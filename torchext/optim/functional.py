@@ -37,7 +37,7 @@ def asgd(
     *,
     lambd: float,
     lr: float | Tensor,
-    t0: float,
+    t0: float | list[float],
     alpha: float,
     weight_decay: float,
     fused: bool | None = None,
@@ -51,9 +51,25 @@ def asgd(
     math, op for op as torch.optim.ASGD's for-loop, so autograd can flow).
     ``grad_scale``/``found_inf`` follow torch's ``_step_supports_amp_scaling``
     contract: grads are unscaled on the fly, and nothing changes when
-    ``found_inf`` is non-zero.
+    ``found_inf`` is non-zero. ``t0`` may be one value per parameter (what
+    ``ASGD.start_averaging`` records when a group's parameters took different
+    numbers of steps): then one step runs per distinct value.
     """
     if not params:
+        return
+    if isinstance(t0, (list, tuple)):
+        # One t0 per parameter (ASGD.start_averaging over parameters with
+        # different step counts): one step per distinct value.
+        by_t0: dict[float, list[int]] = {}
+        for i, v in enumerate(t0):
+            by_t0.setdefault(v, []).append(i)
+        for v, idx in by_t0.items():
+            def pick(xs):
+                return [xs[i] for i in idx]
+            asgd(pick(params), pick(grads), pick(axs), pick(mus), pick(etas), pick(state_steps),
+                 foreach, maximize, differentiable, capturable, has_complex, lambd=lambd, lr=lr,
+                 t0=v, alpha=alpha, weight_decay=weight_decay, fused=fused,
+                 grad_scale=grad_scale, found_inf=found_inf)
         return
     # One pass over the devices decides both "fusable" and "one op call".
     device = params[0].device

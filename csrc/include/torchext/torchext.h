@@ -7,6 +7,7 @@
 
 #include <torchext/amp/grad_scaler.h>
 #include <torchext/optim/asgd.h>
+#include <torchext/optim/averaging.h>
 
 #include <string>
 

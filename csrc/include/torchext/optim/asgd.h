@@ -28,6 +28,8 @@
 namespace torchext {
 namespace optim {
 
+class AveragedParameters;  // torchext/optim/averaging.h
+
 struct TORCHEXT_API ASGDOptions
     : public torch::optim::OptimizerCloneableOptions<ASGDOptions> {
   /* implicit */ ASGDOptions(double lr = 1e-2);
@@ -124,7 +126,16 @@ class TORCHEXT_API ASGD : public torch::optim::Optimizer {
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
 
+  // Averaged weights (torchext/optim/averaging.h, csrc/api/averaging.cpp):
+  // a guard holding every stepped parameter swapped with its average, and
+  // the NT-ASGD restart of the average with the next step (each group's t0
+  // becomes its step count - 1, mu becomes 1; same rule as Python).
+  [[nodiscard]] AveragedParameters averaged_parameters();
+  void start_averaging();
+
  private:
+  friend class AveragedParameters;
+  bool averaged_in_ = false;  // a guard is alive: step() refuses
   void step_impl(const torch::Tensor* grad_scale, const torch::Tensor* found_inf);
 };
 

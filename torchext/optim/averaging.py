@@ -1,0 +1,247 @@
+"""Using ASGD's averaged weights: evaluate with them, export them, and start
+averaging when validation stalls (NT-ASGD, Merity et al. 2017).
+
+* :func:`averaged_parameters` swaps every parameter with its average ``ax``
+  in place (``torch.ops.torchext.swap_``): no copy of the model, the same
+  tensors and ``data_ptr()`` (compiled functions do not recompile, captured
+  CUDA graphs stay valid), and swapping back restores both bit for bit.
+* :func:`start_averaging` restarts the average with the next step.
+* :class:`NonMonotonicTrigger` calls it when the validation metric stops
+  improving (AWD-LSTM's rule).
+* :func:`averaged_state_dict` is a model ``state_dict`` of the averages.
+
+The ASGD methods ``averaged_parameters()`` and ``start_averaging()`` call the
+functions here; they also accept a ``torch.optim.ASGD``.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections import Counter, OrderedDict
+from typing import Any, Iterator
+
+import torch
+from torch import Tensor
+
+from . import _dtensor
+
+__all__ = ["averaged_parameters", "start_averaging", "NonMonotonicTrigger",
+           "averaged_state_dict"]
+
+_FLAG = "_averaged_in"  # set on the optimizer while its parameters hold averages
+
+
+def check_not_averaging(optimizer: Any) -> None:
+    """Raises if ``optimizer``'s parameters currently hold their averages."""
+    if getattr(optimizer, _FLAG, False):
+        raise RuntimeError(
+            "ASGD.step() inside averaged_parameters(): the parameters hold their averages "
+            "right now; leave the `with` block before stepping (nothing was changed)")
+
+
+def _local_pairs(optimizer: Any) -> dict[torch.device, tuple[list[Tensor], list[Tensor]]]:
+    """(params, axs) per device, as local shards for DTensor parameters."""
+    cls = _dtensor._dtensor_cls()
+    by_device: dict[torch.device, tuple[list[Tensor], list[Tensor]]] = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            ax = optimizer.state.get(p, {}).get("ax")
+            if ax is None:
+                continue  # never stepped: keeps its own value
+            if cls is not None and (isinstance(p, cls) or isinstance(ax, cls)):
+                if not (isinstance(p, cls) and isinstance(ax, cls)) or (
+                        _dtensor._layout(p) != _dtensor._layout(ax)):
+                    raise ValueError("averaged_parameters: a DTensor parameter and its 'ax' "
+                                     "must be laid out alike (same mesh and placements)")
+            lp, lax = _dtensor.to_local(p), _dtensor.to_local(ax)
+            ps, axs = by_device.setdefault(lp.device, ([], []))
+            ps.append(lp)
+            axs.append(lax)
+    return by_device
+
+
+def _swap(pairs: dict[torch.device, tuple[list[Tensor], list[Tensor]]]) -> None:
+    """One swap_ per device (each validates before it swaps); all or nothing."""
+    done = []
+    with torch.no_grad():
+        try:
+            for ps, axs in pairs.values():
+                torch.ops.torchext.swap_(ps, axs)
+                done.append((ps, axs))
+        except Exception:
+            for ps, axs in done:
+                torch.ops.torchext.swap_(ps, axs)
+            raise
+
+
+def _refuse(what: str):
+    def hook(*args, **kwargs):
+        raise RuntimeError(f"optimizer.{what}() inside averaged_parameters(): the parameters "
+                           "and 'ax' are swapped right now; call it outside the `with` block")
+    return hook
+
+
+@contextlib.contextmanager
+def averaged_parameters(optimizer: Any) -> Iterator[None]:
+    """Inside the block every parameter with ASGD state holds its average ``ax``
+    (and ``ax`` holds the training value); on exit, even by an exception, both
+    are back bit for bit. ``step()``, ``state_dict()`` and
+    ``load_state_dict()`` are refused inside; nesting is refused.
+    DTensor (FSDP2) parameters swap their local shards, with no communication.
+    """
+    if getattr(optimizer, _FLAG, False):
+        raise RuntimeError("averaged_parameters() is already active for this optimizer "
+                           "(nested use is not supported)")
+    pairs = _local_pairs(optimizer)
+    _swap(pairs)  # raises with nothing swapped on bad state
+    handles = [optimizer.register_state_dict_pre_hook(_refuse("state_dict")),
+               optimizer.register_load_state_dict_pre_hook(_refuse("load_state_dict"))]
+    setattr(optimizer, _FLAG, True)
+    try:
+        yield
+    finally:
+        # Removed, not set to False: the optimizer is left exactly as before,
+        # so a compiled step() guarding on it does not recompile.
+        optimizer.__dict__.pop(_FLAG, None)
+        for h in handles:
+            h.remove()
+        _swap(pairs)
+
+
+def _step_counts(optimizer: Any) -> dict[Tensor, float]:
+    """Steps taken per parameter (0 if never stepped): one host read per device."""
+    steps: dict[torch.device, list[tuple[Tensor, Tensor]]] = {}
+    counts: dict[Tensor, float] = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            s = optimizer.state.get(p, {}).get("step")
+            if s is None:
+                counts[p] = 0.0
+            elif not isinstance(s, Tensor):
+                counts[p] = float(s)
+            else:
+                s = _dtensor.to_local(s)
+                steps.setdefault(s.device, []).append((p, s))
+    for pairs in steps.values():
+        values = torch.stack([s.detach().reshape(()).double() for _, s in pairs]).tolist()
+        counts.update((p, v) for (p, _), v in zip(pairs, values))
+    return counts
+
+
+def start_averaging(optimizer: Any) -> None:
+    r"""Restarts the average with the next step: after ``m`` more steps of a
+    parameter, its ``ax`` is the mean of exactly those ``m`` iterates.
+
+    The rule (torch.optim.ASGD's, which torchext follows bit for bit): after
+    step ``k`` (counted from 1), ``mu = 1 / max(1, k - t0)``, and step ``k+1``
+    updates ``ax += (param - ax) * mu`` with that *previous* ``mu`` (``mu == 1``
+    copies ``param``). So for an integer ``t0 >= -1``, ``ax`` after step ``n`` is
+    the mean of the iterates ``t0 + 2, ..., n``; with ``t0 = 0`` torch's
+    average skips the first iterate. A parameter that took ``s`` steps gets
+    ``t0 = s - 1`` and ``mu = 1``, so its average starts with iterate ``s + 1``.
+
+    Recorded where ``state_dict()`` carries it: each group's ``t0`` is set
+    (``torch.optim.ASGD`` loads and continues such a checkpoint with the same
+    average). If the parameters of one group took different numbers of steps,
+    the group also gets ``t0_per_param`` (one ``t0`` per parameter, in group
+    order), which torchext's ASGD follows and ``torch.optim.ASGD`` ignores (it
+    uses the group's ``t0``, the most common value).
+
+    Reads the step counts (one host sync per device): call it between steps.
+    """
+    counts = _step_counts(optimizer)
+    with torch.no_grad():
+        for group in optimizer.param_groups:
+            t0s = [counts[p] - 1.0 for p in group["params"]]
+            if not t0s:
+                continue
+            group["t0"] = Counter(t0s).most_common(1)[0][0]
+            if all(t == group["t0"] for t in t0s):
+                group.pop("t0_per_param", None)
+            else:
+                group["t0_per_param"] = t0s
+            for p in group["params"]:
+                mu = optimizer.state.get(p, {}).get("mu")
+                if isinstance(mu, Tensor):
+                    mu.fill_(1.0)
+                elif mu is not None:
+                    optimizer.state[p]["mu"] = 1.0
+
+
+def group_t0(group: dict[str, Any], params: list[Tensor]) -> float | list[float]:
+    """The ``t0`` to step ``params`` (a subset of ``group["params"]``, in group
+    order) with: the group's, or one per parameter after
+    :func:`start_averaging` met parameters with different step counts."""
+    per_param = group.get("t0_per_param")
+    if per_param is None:
+        return group["t0"]
+    out = []
+    it = iter(zip(group["params"], per_param))
+    for p in params:
+        for q, t0 in it:
+            if q is p:
+                out.append(t0)
+                break
+    return out
+
+
+class NonMonotonicTrigger:
+    """AWD-LSTM's switch to averaging (NT-ASGD): fires once, when the
+    validation metric is worse than the best of all but the last ``nonmono``
+    values, and then calls ``optimizer.start_averaging()``.
+
+    ``step(val)`` returns True exactly once: at the first call where
+    ``len(history) > nonmono and val > min(history[:-nonmono])`` (``mode="min"``;
+    ``mode="max"`` mirrors it with ``<`` and ``max``), checked before ``val`` is
+    appended to ``history``.
+    """
+
+    def __init__(self, optimizer: Any, nonmono: int = 5, mode: str = "min") -> None:
+        if mode not in ("min", "max"):
+            raise ValueError(f"NonMonotonicTrigger: mode must be 'min' or 'max', got {mode!r}")
+        if not isinstance(nonmono, int) or nonmono < 0:
+            raise ValueError(f"NonMonotonicTrigger: nonmono must be an int >= 0, got {nonmono!r}")
+        if not callable(getattr(optimizer, "start_averaging", None)):
+            raise TypeError("NonMonotonicTrigger: the optimizer has no start_averaging() "
+                            "(use torchext.optim.ASGD)")
+        self.optimizer = optimizer
+        self.nonmono = nonmono
+        self.mode = mode
+        self.history: list[float] = []
+        self.triggered = False
+
+    def step(self, val_metric: float | Tensor) -> bool:
+        val = float(val_metric)
+        fire = False
+        if not self.triggered and len(self.history) > self.nonmono:
+            older = self.history[:-self.nonmono] if self.nonmono else self.history
+            fire = val > min(older) if self.mode == "min" else val < max(older)
+        self.history.append(val)
+        if fire:
+            self.triggered = True
+            self.optimizer.start_averaging()
+        return fire
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"nonmono": self.nonmono, "mode": self.mode, "history": list(self.history),
+                "triggered": self.triggered}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.nonmono = int(state_dict["nonmono"])
+        self.mode = state_dict["mode"]
+        self.history = [float(v) for v in state_dict["history"]]
+        self.triggered = bool(state_dict["triggered"])
+
+
+def averaged_state_dict(model: torch.nn.Module, optimizer: Any) -> "OrderedDict[str, Any]":
+    """``model.state_dict()`` with each parameter replaced by its average
+    (parameters never stepped keep their value; buffers are as they are).
+    Every tensor is a copy, ready for ``torch.save``, ``torch.export`` or
+    deployment; the model and the optimizer are left as they were."""
+    with averaged_parameters(optimizer):
+        sd = model.state_dict()
+        out = OrderedDict((k, v.detach().clone() if isinstance(v, Tensor) else v)
+                          for k, v in sd.items())
+    metadata = getattr(sd, "_metadata", None)
+    if metadata is not None:
+        out._metadata = metadata  # type: ignore[attr-defined]
+    return out
