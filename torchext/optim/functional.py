@@ -178,8 +178,8 @@ def _reference_asgd(params, grads, axs, mus, etas, steps, *, lr, lambd, alpha, t
     if capturable and found_inf is not None:
         # Decide the skip on the device: keep the old values where found_inf != 0.
         olds = [(t, t.detach().clone()) for t in (*params, *axs, *mus, *etas, *steps)]
-    if isinstance(lr, Tensor) and not capturable:
-        lr = lr.item()
+    if isinstance(lr, Tensor) and lr.dim() != 0:
+        lr = lr.squeeze()  # torch's _to_scalar: a tensor lr stays a tensor (and differentiable)
     for i, param in enumerate(params):
         grad, ax, mu, eta, step_t = grads[i], axs[i], mus[i], etas[i], steps[i]
         if inv_scale is not None:
