@@ -34,6 +34,44 @@ void check_state_scalar(const char* name, size_t i, const at::Tensor& t,
 
 }  // namespace
 
+TensorRefs::TensorRefs(at::TensorList ts) {
+  ptrs_.reserve(ts.size());
+  for (const at::Tensor& t : ts) ptrs_.push_back(&t);
+}
+
+TensorRefs::TensorRefs(c10::ArrayRef<c10::IValue> vs) {
+  // An undefined tensor in a list is stored as None; it is validated (and
+  // rejected) like any other undefined tensor.
+  static const at::Tensor kUndefined;
+  ptrs_.reserve(vs.size());
+  for (const c10::IValue& v : vs) ptrs_.push_back(v.isTensor() ? &v.toTensor() : &kUndefined);
+}
+
+ASGDArgs asgd_args_from_stack(const torch::jit::Stack& stack) {
+  TORCH_INTERNAL_ASSERT(stack.size() >= kASGDNumArgs);
+  const c10::IValue* v = stack.data() + (stack.size() - kASGDNumArgs);
+  ASGDArgs a;
+  a.params = TensorRefs(v[0].toListRef());
+  a.grads = TensorRefs(v[1].toListRef());
+  a.axs = TensorRefs(v[2].toListRef());
+  a.mus = TensorRefs(v[3].toListRef());
+  a.etas = TensorRefs(v[4].toListRef());
+  a.steps = TensorRefs(v[5].toListRef());
+  if (v[6].isTensor()) {
+    a.lr_tensor = v[6].toTensor();
+  } else {
+    a.lr = v[6].toDouble();
+  }
+  a.lambd = v[7].toDouble();
+  a.alpha = v[8].toDouble();
+  a.t0 = v[9].toDouble();
+  a.weight_decay = v[10].toDouble();
+  a.maximize = v[11].toBool();
+  a.grad_scale = v[12].toOptional<at::Tensor>();
+  a.found_inf = v[13].toOptional<at::Tensor>();
+  return a;
+}
+
 double read_cpu_scalar(const at::Tensor& t) {
   const void* p = t.const_data_ptr();
   switch (t.scalar_type()) {

@@ -4,14 +4,35 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/core/stack.h>
 #include <c10/util/ArrayRef.h>
+#include <torch/library.h>
 
 #include <optional>
+#include <vector>
 
 namespace torchext {
 
+// A list argument as the kernels see it: references into the caller's list
+// (the dispatcher's IValues, or a C++ ArrayRef). Copying a Tensor[] argument
+// into std::vector<at::Tensor>, as unboxed kernels get it, costs two atomic
+// refcount updates per tensor, the largest kernel-side cost per tensor.
+class TensorRefs {
+ public:
+  TensorRefs() = default;
+  explicit TensorRefs(at::TensorList ts);
+  explicit TensorRefs(c10::ArrayRef<c10::IValue> vs);
+  size_t size() const { return ptrs_.size(); }
+  bool empty() const { return ptrs_.empty(); }
+  const at::Tensor& operator[](size_t i) const { return *ptrs_[i]; }
+
+ private:
+  std::vector<const at::Tensor*> ptrs_;
+};
+
 struct ASGDArgs {
-  at::TensorList params, grads, axs, mus, etas, steps;
+  TensorRefs params, grads, axs, mus, etas, steps;
   double lr = 0.0;                      // used when lr_tensor is empty
   std::optional<at::Tensor> lr_tensor;  // the 0-d tensor-lr overload
   double lambd = 0.0, alpha = 0.0, t0 = 0.0, weight_decay = 0.0;
@@ -23,30 +44,25 @@ struct ASGDArgs {
 // first problem found. Mutates nothing.
 void check_asgd_args(const ASGDArgs& a);
 
-// The two registered signatures of asgd_ (float lr and tensor lr) as
-// wrappers around one implementation taking ASGDArgs, for every device:
-//   m.impl("asgd_", &ASGDKernel<impl>::float_lr);
-//   m.impl("asgd_.tensor_lr", &ASGDKernel<impl>::tensor_lr);
+// The arguments of either asgd_ overload (float lr or tensor lr), read from
+// the top of the dispatcher's stack without copying the tensor lists.
+constexpr size_t kASGDNumArgs = 14;
+ASGDArgs asgd_args_from_stack(const torch::jit::Stack& stack);
+
 template <void (*Impl)(const ASGDArgs&)>
-struct ASGDKernel {
-  static void float_lr(at::TensorList params, at::TensorList grads, at::TensorList axs,
-                       at::TensorList mus, at::TensorList etas, at::TensorList steps, double lr,
-                       double lambd, double alpha, double t0, double weight_decay, bool maximize,
-                       const std::optional<at::Tensor>& grad_scale,
-                       const std::optional<at::Tensor>& found_inf) {
-    Impl({params, grads, axs, mus, etas, steps, lr, std::nullopt, lambd, alpha, t0, weight_decay,
-          maximize, grad_scale, found_inf});
-  }
-  static void tensor_lr(at::TensorList params, at::TensorList grads, at::TensorList axs,
-                        at::TensorList mus, at::TensorList etas, at::TensorList steps,
-                        const at::Tensor& lr, double lambd, double alpha, double t0,
-                        double weight_decay, bool maximize,
-                        const std::optional<at::Tensor>& grad_scale,
-                        const std::optional<at::Tensor>& found_inf) {
-    Impl({params, grads, axs, mus, etas, steps, 0.0, lr, lambd, alpha, t0, weight_decay,
-          maximize, grad_scale, found_inf});
-  }
-};
+void asgd_boxed(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  Impl(asgd_args_from_stack(*stack));
+  torch::jit::drop(*stack, kASGDNumArgs);
+}
+
+// Registers Impl for both overloads of asgd_ on one dispatch key, as a boxed
+// kernel (see TensorRefs; C++ callers of the typed op get boxed once by the
+// dispatcher, which costs what the unboxed kernel's copy did).
+template <void (*Impl)(const ASGDArgs&)>
+void register_asgd_kernels(torch::Library& m) {
+  m.impl("asgd_", torch::CppFunction::makeFromBoxedFunction<&asgd_boxed<Impl>>());
+  m.impl("asgd_.tensor_lr", torch::CppFunction::makeFromBoxedFunction<&asgd_boxed<Impl>>());
+}
 
 // Reads a 1-element float/double/int tensor that lives on the CPU.
 double read_cpu_scalar(const at::Tensor& t);

@@ -18,13 +18,18 @@ bool same_dense_layout(const at::Tensor& a, const at::Tensor& b) {
 
 }  // namespace
 
+bool is_flat_triple(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& ax) {
+  // A lazily conjugated tensor is not its memory (view_as_real refuses it).
+  if (param.is_conj() || grad.is_conj() || ax.is_conj()) return false;
+  if (param.is_contiguous() && grad.is_contiguous() && ax.is_contiguous()) return true;
+  return param.is_non_overlapping_and_dense() && same_dense_layout(param, grad) &&
+         same_dense_layout(param, ax);
+}
+
 DenseTriple make_dense_triple(const at::Tensor& param, const at::Tensor& grad,
                               const at::Tensor& ax) {
   DenseTriple d{as_real(param), as_real(grad), as_real(ax), {}, {}};
-  if (d.p.is_non_overlapping_and_dense() && same_dense_layout(d.p, d.g) &&
-      same_dense_layout(d.p, d.ax)) {
-    return d;
-  }
+  if (is_flat_triple(d.p, d.g, d.ax)) return d;
   if (!d.p.is_contiguous()) {
     d.p_home = d.p;
     d.p = d.p.contiguous();

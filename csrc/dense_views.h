@@ -15,6 +15,10 @@ struct DenseTriple {
   void write_back();
 };
 
+// Whether param, grad and ax can be walked together as flat memory as they
+// are (complex ones as interleaved real pairs): then no DenseTriple is needed.
+bool is_flat_triple(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& ax);
+
 DenseTriple make_dense_triple(const at::Tensor& param, const at::Tensor& grad,
                               const at::Tensor& ax);
 

@@ -223,3 +223,33 @@ def test_grad_with_other_layout_than_param():
         ref.step()
         ours.step()
     assert rel_err(p_ours, p_ref) <= 1e-6
+
+
+@pytest.mark.parametrize("lr", [0.05, "tensor"], ids=["float-lr", "tensor-lr"])
+def test_reference_path_is_torch_for_loop_bit_for_bit(lr):
+    """functional.asgd(fused=False) is torch.optim.asgd's for-loop, op for op
+    (also a tensor lr stays a tensor, as torch's _to_scalar keeps it)."""
+    from torch.optim.asgd import asgd as torch_asgd
+
+    from torchext.optim.functional import asgd as our_asgd
+
+    def lists(seed):
+        g = torch.Generator().manual_seed(seed)
+        ps = [torch.randn(5, generator=g), torch.randn(2, 3, generator=g)]
+        return (ps, [torch.zeros_like(p) for p in ps], [torch.ones(()) for _ in ps],
+                [torch.full((), 0.05) for _ in ps], [torch.zeros(()) for _ in ps])
+
+    ours, ref = lists(0), lists(0)
+    g = torch.Generator().manual_seed(1)
+    # (torch refuses capturable=True on CPU)
+    kw = dict(lambd=1e-2, alpha=0.75, t0=2, weight_decay=1e-3, maximize=False)
+    for _ in range(6):
+        grads = [torch.randn(p.shape, generator=g) for p in ours[0]]
+        rate = torch.tensor(0.05) if lr == "tensor" else lr
+        p, ax, mu, eta, st = ours
+        our_asgd(p, grads, ax, mu, eta, st, fused=False, lr=rate, **kw)
+        p, ax, mu, eta, st = ref
+        torch_asgd(p, grads, ax, mu, eta, st, foreach=False, lr=rate, **kw)
+    for a_list, b_list in zip(ours, ref):
+        for a, b in zip(a_list, b_list):
+            assert torch.equal(a, b)

@@ -28,24 +28,39 @@ void asgd_cpu_impl(const ASGDArgs& a) {
       unscale ? static_cast<float>(1.0 / read_cpu_scalar(*a.grad_scale)) : 1.0f;
   const double lr = a.lr_tensor.has_value() ? read_cpu_scalar(*a.lr_tensor) : a.lr;
 
-  std::vector<DenseTriple> dense;
-  std::vector<double> etas(n), mus(n);
-  dense.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    dense.push_back(make_dense_triple(a.params[i], a.grads[i], a.axs[i]));
-    etas[i] = read_cpu_scalar(a.etas[i]);
-    mus[i] = read_cpu_scalar(a.mus[i]);
-  }
-
   // Raw pointers are taken here, on the calling thread, not in the workers.
+  // Tensors that can be walked as flat memory (the common case) are used in
+  // place, without making views; the others go through DenseTriple.
   std::vector<cpu::ASGDSpan> spans(n);
   std::vector<int64_t> numels(n);
+  std::vector<DenseTriple> copies;  // kept alive until written back
   for (size_t i = 0; i < n; ++i) {
-    DenseTriple& d = dense[i];
-    spans[i] = {d.p.scalar_type(), d.p.data_ptr(), d.ax.data_ptr(), d.g.const_data_ptr(),
-                d.p.numel(), etas[i], mus[i], a.lambd, a.weight_decay, a.maximize, unscale,
-                inv_scale};
-    numels[i] = d.p.numel();
+    const at::Tensor& p = a.params[i];
+    const at::Tensor& g = a.grads[i];
+    const at::Tensor& ax = a.axs[i];
+    void *pp, *pax;
+    const void* pg;
+    at::ScalarType dtype = p.scalar_type();
+    int64_t numel = p.numel();
+    if (is_flat_triple(p, g, ax)) {
+      pp = p.data_ptr();
+      pax = ax.data_ptr();
+      pg = g.const_data_ptr();
+      if (at::isComplexType(dtype)) {  // complex as interleaved real pairs
+        dtype = c10::toRealValueType(dtype);
+        numel *= 2;
+      }
+    } else {
+      DenseTriple& d = copies.emplace_back(make_dense_triple(p, g, ax));
+      pp = d.p.data_ptr();
+      pax = d.ax.data_ptr();
+      pg = d.g.const_data_ptr();
+      dtype = d.p.scalar_type();
+      numel = d.p.numel();
+    }
+    spans[i] = {dtype, pp, pax, pg, numel, read_cpu_scalar(a.etas[i]), read_cpu_scalar(a.mus[i]),
+                a.lambd, a.weight_decay, a.maximize, unscale, inv_scale};
+    numels[i] = numel;
   }
   const auto& isa = cpu::kernels();
   cpu::for_each_chunk(numels, [&](const cpu::Chunk& ch) {
@@ -58,7 +73,7 @@ void asgd_cpu_impl(const ASGDArgs& a) {
     isa.asgd_span(s);
   });
 
-  for (auto& d : dense) d.write_back();
+  for (auto& d : copies) d.write_back();
   // The schedule, from the incremented step, once every chunk has read the
   // old eta and mu.
   for (size_t i = 0; i < n; ++i) {
@@ -72,8 +87,7 @@ void asgd_cpu_impl(const ASGDArgs& a) {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(torchext, CPU, m) {
-  m.impl("asgd_", &ASGDKernel<asgd_cpu_impl>::float_lr);
-  m.impl("asgd_.tensor_lr", &ASGDKernel<asgd_cpu_impl>::tensor_lr);
+  register_asgd_kernels<asgd_cpu_impl>(m);
 }
 
 }  // namespace torchext

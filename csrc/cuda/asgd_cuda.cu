@@ -15,7 +15,9 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
-#include <map>
+#include <algorithm>
+#include <iterator>
+#include <utility>
 #include <vector>
 
 namespace torchext {
@@ -112,17 +114,44 @@ void asgd_cuda_impl(const ASGDArgs& a) {
   kargs.maximize = a.maximize;
   kargs.state_is_double = state_is_double;
 
-  // Dense real views, grouped by dtype: one launch series per group.
-  std::vector<DenseTriple> dense;
-  dense.reserve(n);
-  std::map<at::ScalarType, std::vector<TensorEntry<kASGDDepth>>> groups;
+  // Tensors grouped by (real) dtype: one launch series per group. Few
+  // dtypes ever occur, so a linear search beats a map. Tensors that can be
+  // walked as flat memory are used in place; the others go through
+  // DenseTriple temporaries, written back after the launches.
+  std::vector<std::pair<at::ScalarType, std::vector<TensorEntry<kASGDDepth>>>> groups;
+  std::vector<DenseTriple> copies;
   for (size_t i = 0; i < n; ++i) {
-    dense.push_back(make_dense_triple(a.params[i], a.grads[i], a.axs[i]));
-    DenseTriple& d = dense.back();
-    groups[d.p.scalar_type()].push_back(
-        {{d.p.data_ptr(), const_cast<void*>(d.g.const_data_ptr()), d.ax.data_ptr(),
-          a.etas[i].data_ptr(), a.mus[i].data_ptr()},
-         d.p.numel()});
+    const at::Tensor& p = a.params[i];
+    const at::Tensor& g = a.grads[i];
+    const at::Tensor& ax = a.axs[i];
+    TensorEntry<kASGDDepth> e{{nullptr, nullptr, nullptr, a.etas[i].data_ptr(),
+                               a.mus[i].data_ptr()},
+                              p.numel()};
+    at::ScalarType dtype = p.scalar_type();
+    if (is_flat_triple(p, g, ax)) {
+      e.ptrs[kP] = p.data_ptr();
+      e.ptrs[kG] = const_cast<void*>(g.const_data_ptr());
+      e.ptrs[kAx] = ax.data_ptr();
+      if (at::isComplexType(dtype)) {  // complex as interleaved real pairs
+        dtype = c10::toRealValueType(dtype);
+        e.numel *= 2;
+      }
+    } else {
+      DenseTriple& d = copies.emplace_back(make_dense_triple(p, g, ax));
+      e.ptrs[kP] = d.p.data_ptr();
+      e.ptrs[kG] = const_cast<void*>(d.g.const_data_ptr());
+      e.ptrs[kAx] = d.ax.data_ptr();
+      dtype = d.p.scalar_type();
+      e.numel = d.p.numel();
+    }
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& grp) { return grp.first == dtype; });
+    if (it == groups.end()) {
+      groups.emplace_back(dtype, std::vector<TensorEntry<kASGDDepth>>{});
+      it = std::prev(groups.end());
+      it->second.reserve(n);
+    }
+    it->second.push_back(e);
   }
   for (auto& [dtype, entries] : groups) {
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "asgd_cuda", [&] {
@@ -133,7 +162,7 @@ void asgd_cuda_impl(const ASGDArgs& a) {
       });
     });
   }
-  for (auto& d : dense) d.write_back();
+  for (auto& d : copies) d.write_back();
 
   // The schedule, after every elementwise launch on this stream.
   ScheduleArgs sargs{};
@@ -169,8 +198,7 @@ void asgd_cuda_impl(const ASGDArgs& a) {
 }  // namespace cuda
 
 TORCH_LIBRARY_IMPL(torchext, CUDA, m) {
-  m.impl("asgd_", &ASGDKernel<cuda::asgd_cuda_impl>::float_lr);
-  m.impl("asgd_.tensor_lr", &ASGDKernel<cuda::asgd_cuda_impl>::tensor_lr);
+  register_asgd_kernels<cuda::asgd_cuda_impl>(m);
 }
 
 }  // namespace torchext

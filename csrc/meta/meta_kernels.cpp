@@ -57,16 +57,14 @@ void no_asgd_kernel_for_device(const ASGDArgs& a) {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(torchext, Meta, m) {
-  m.impl("asgd_", &ASGDKernel<check_asgd_args>::float_lr);
-  m.impl("asgd_.tensor_lr", &ASGDKernel<check_asgd_args>::tensor_lr);
+  register_asgd_kernels<check_asgd_args>(m);
   m.impl("check_finite_", &check_finite_meta);
   m.impl("unscale_", &unscale_meta);
   m.impl("update_scale_", &update_scale_meta);
 }
 
 #define TORCHEXT_REGISTER_SPARSE_REJECTS(m)                                             \
-  m.impl("asgd_", &ASGDKernel<reject_sparse_asgd>::float_lr);                           \
-  m.impl("asgd_.tensor_lr", &ASGDKernel<reject_sparse_asgd>::tensor_lr);                \
+  register_asgd_kernels<reject_sparse_asgd>(m);                                         \
   m.impl("check_finite_",                                                               \
          &reject_sparse<&check_finite_meta, at::TensorList, const at::Tensor&>);       \
   m.impl("unscale_",                                                                    \
@@ -80,8 +78,7 @@ TORCH_LIBRARY_IMPL(torchext, SparseCUDA, m) {
 }
 
 TORCH_LIBRARY_IMPL(torchext, CompositeExplicitAutograd, m) {
-  m.impl("asgd_", &ASGDKernel<no_asgd_kernel_for_device>::float_lr);
-  m.impl("asgd_.tensor_lr", &ASGDKernel<no_asgd_kernel_for_device>::tensor_lr);
+  register_asgd_kernels<no_asgd_kernel_for_device>(m);
   m.impl("check_finite_", &no_kernel_for_device<&check_finite_meta, const at::Tensor&>);
   m.impl("unscale_",
          &no_kernel_for_device<&unscale_meta, const at::Tensor&, const at::Tensor&>);

@@ -1,12 +1,15 @@
 """``torchext.optim.ASGD``: a drop-in ``torch.optim.ASGD`` on one fused op."""
 from __future__ import annotations
 
+import functools
+import operator
 from typing import Any
 
 import torch
 from torch import Tensor
 from torch.optim.optimizer import Optimizer, ParamsT
 
+from .._compile_compat import GroupsAlias, mark_step_not_wrapped
 from . import averaging as _averaging
 from . import functional as F
 
@@ -15,12 +18,16 @@ __all__ = ["ASGD"]
 _SCALAR_KEYS = ("step", "eta", "mu")
 
 
+_is_none = functools.partial(operator.is_, None)
+_get_ax, _get_mu, _get_eta, _get_step = (operator.itemgetter(k) for k in ("ax", "mu", "eta", "step"))
+
+
 def _scalar_dtype() -> torch.dtype:
     # Same rule as torch.optim: float64 state when the default dtype is float64.
     return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
 
 
-class ASGD(Optimizer):
+class ASGD(GroupsAlias, Optimizer):
     r"""Averaged Stochastic Gradient Descent, as ``torch.optim.ASGD``, fused.
 
     Same arguments, same update and the same ``state_dict`` layout as
@@ -83,6 +90,7 @@ class ASGD(Optimizer):
                         foreach=foreach, maximize=maximize, differentiable=differentiable,
                         capturable=capturable, fused=fused)
         self._groups: list[dict[str, Any]] = []
+        self._plans: dict[int, _GroupPlan] = {}
         super().__init__(params, defaults)
         if fused:
             for group in self.param_groups:
@@ -90,47 +98,15 @@ class ASGD(Optimizer):
                     raise RuntimeError(
                         "`fused=True` requires all the params to be on CPU or CUDA devices")
 
-    # torch.optim.ASGD's name for _gather_group, for code that calls it.
+    # torch.optim.ASGD's name for _gather_group, for code that calls it (see
+    # _compile_compat (4) for why step() does not use this name).
     def _init_group(self, group, params, grads, mus, axs, etas, state_steps) -> bool:
-        return self._gather_group(group, params, grads, mus, axs, etas, state_steps)
-
-    def _refresh_views(self) -> None:
-        # step/zero_grad (and torchext's GradScaler) walk `_groups`, the very
-        # same list object as `param_groups`, under another name. Dynamo
-        # intercepts the attribute `param_groups` of optimizers: it flips
-        # `capturable` to True in the user's groups on CUDA, and in a
-        # fullgraph step with an in-graph backward, clearing grads through
-        # it silently hands the next step no gradients (nothing updates).
-        self._groups = self.param_groups
-
-    def _current_groups(self) -> list[dict[str, Any]]:
-        if not torch.compiler.is_compiling() and self._groups is not self.param_groups:
-            self._refresh_views()  # the user replaced the list itself
-        return self._groups
+        self._gather_group(group, params, grads, mus, axs, etas, state_steps)
+        return any(torch.is_complex(p) for p in params)  # torch's has_complex
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
         self._refresh_views()
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Resets the gradients of all optimized tensors, as torch's
-        ``Optimizer.zero_grad``, but traceable by ``torch.compile`` (torch's
-        is marked ``_disable_dynamo``)."""
-        for group in self._current_groups():
-            for p in group["params"]:
-                self._zero_one_grad(p, set_to_none)
-
-    @staticmethod
-    def _zero_one_grad(p: Tensor, set_to_none: bool) -> None:
-        if p.grad is not None:
-            if set_to_none:
-                p.grad = None
-            else:
-                if p.grad.grad_fn is not None:
-                    p.grad.detach_()
-                else:
-                    p.grad.requires_grad_(False)
-                p.grad.zero_()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
@@ -141,6 +117,7 @@ class ASGD(Optimizer):
             group.setdefault("capturable", False)
             group.setdefault("fused", None)
         self._refresh_views()
+        self._plans = {}
         for group in self.param_groups:
             for p in group["params"]:
                 p_state = self.state.get(p, {})
@@ -150,33 +127,33 @@ class ASGD(Optimizer):
                         p_state[key] = torch.tensor(float(p_state[key]), dtype=_scalar_dtype(),
                                                     device=p.device)
 
-    def _gather_group(self, group, params, grads, mus, axs, etas, state_steps) -> bool:
-        """Collects the params with grads and their state (created lazily).
+    def _gather_group(self, group, params, grads, mus, axs, etas, state_steps,
+                      new_state: dict[Tensor, dict[str, Any]] | None = None) -> None:
+        """Collects the params with grads and their state.
 
-        Deliberately not named ``_init_group``: Dynamo intercepts that name on
-        optimizers and forces a graph break when the same compiled function
-        ran ``backward()`` (a "pending mutation" on the params' grads), so
-        torch's own optimizers cannot share a graph with the backward pass.
-        Traced normally, this loop compiles into the same graph."""
-        # Hot loop (1000 params cost ~0.5 ms of Python): no per-param checks
-        # that the op repeats anyway (sparse grads, devices, dtypes are
-        # validated in C++ before anything is written).
+        State is created lazily, as torch does, into ``new_state`` when given
+        (step() commits it only once the step succeeded), else into
+        ``self.state``. No per-param checks here: the op validates sparse
+        grads, devices, dtypes and shapes before anything is written."""
         all_state = self.state
         for p in group["params"]:
             grad = p.grad
             if grad is None:
                 continue
-            state = all_state[p]
-            if len(state) == 0:
+            state = all_state.get(p)
+            if not state:
+                state = {}
                 self._init_state(p, state, group["lr"])
+                if new_state is None:
+                    all_state[p] = state
+                else:
+                    new_state[p] = state
             params.append(p)
             grads.append(grad)
             mus.append(state["mu"])
             axs.append(state["ax"])
             etas.append(state["eta"])
             state_steps.append(state["step"])
-        has_complex = False  # not needed: the fused op and the reference path handle complex
-        return has_complex
 
     @staticmethod
     def _init_state(p: Tensor, state: dict[str, Any], lr: float | Tensor) -> None:
@@ -188,15 +165,39 @@ class ASGD(Optimizer):
         state["mu"] = torch.ones((), device=p.device, dtype=_scalar_dtype())
         state["ax"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
+    def _group_lists(self, group, new_state) -> tuple[F.Route, list[list[Tensor]], Any] | None:
+        """(route, [params, grads, axs, mus, etas, steps], t0) of one group's
+        step, or None when no param of the group has a grad. (The lists hold
+        local shards for DTensor params; t0 is matched on the params.)"""
+        params = group["params"]
+        compiling = torch.compiler.is_compiling()
+        if not compiling:
+            grads = [p.grad for p in params]
+            plan = self._plans.get(id(group))
+            if plan is not None and plan.matches(group, params, grads, self.state):
+                return (plan.route, F.prepare(plan.route, [plan.params, grads, *plan.state_lists()]),
+                        _averaging.group_t0(group, plan.params))
+        lists: list[list[Tensor]] = [[], [], [], [], [], []]
+        p_, g_, ax_, mu_, eta_, st_ = lists
+        created = len(new_state)
+        self._gather_group(group, p_, g_, mu_, ax_, eta_, st_, new_state)
+        if not p_:
+            return None
+        r = F.route(p_, group["fused"], group["differentiable"])
+        if not compiling and len(p_) == len(params) and len(new_state) == created:
+            # Every param has a grad and its state: reuse the lists next step.
+            self._plans[id(group)] = _GroupPlan(group, params, self.state, r)
+        return r, F.prepare(r, lists), _averaging.group_t0(group, p_)
+
     def step(self, closure=None):
-        """Performs a single optimization step.
+        """Performs a single optimization step: all groups, or (when it
+        raises) nothing at all, not even lazily created state.
 
         Args:
             closure (Callable, optional): re-evaluates the model and returns the loss.
         """
         _averaging.check_not_averaging(self)  # before anything changes
-        # What torch's LR schedulers record to warn about a scheduler stepped
-        # before its optimizer (see `_wrapped_by_lr_sched` below).
+        # What torch's LR schedulers record (see _compile_compat (1)).
         self._opt_called = True
         loss = None
         if closure is not None:
@@ -206,31 +207,31 @@ class ASGD(Optimizer):
         grad_scale = getattr(self, "grad_scale", None)
         found_inf = getattr(self, "found_inf", None)
         with torch.set_grad_enabled(self.defaults["differentiable"]):
+            new_state: dict[Tensor, dict[str, Any]] = {}
+            calls = []
             for group in self._current_groups():
-                params: list[Tensor] = []
-                grads: list[Tensor] = []
-                mus: list[Tensor] = []
-                axs: list[Tensor] = []
-                etas: list[Tensor] = []
-                state_steps: list[Tensor] = []
-                has_complex = self._gather_group(group, params, grads, mus, axs, etas,
-                                                 state_steps)
-                F.asgd(params, grads, axs, mus, etas, state_steps,
-                       foreach=group["foreach"], maximize=group["maximize"],
-                       differentiable=group["differentiable"], capturable=group["capturable"],
-                       has_complex=has_complex, lambd=group["lambd"], lr=group["lr"],
-                       t0=_averaging.group_t0(group, params), alpha=group["alpha"],
-                       weight_decay=group["weight_decay"], fused=group["fused"],
-                       grad_scale=grad_scale, found_inf=found_inf)
+                gathered = self._group_lists(group, new_state)
+                if gathered is None:
+                    continue
+                r, lists, t0 = gathered
+                hyper = dict(lr=group["lr"], lambd=group["lambd"], alpha=group["alpha"], t0=t0,
+                             weight_decay=group["weight_decay"],
+                             maximize=group["maximize"], capturable=group["capturable"],
+                             grad_scale=grad_scale, found_inf=found_inf)
+                calls.append((r, lists, hyper))
+            # Validate every group before the first write: a single op call
+            # validates itself before writing, anything more is checked first.
+            if len(calls) > 1 or (calls and (calls[0][0].needs_check or
+                                             isinstance(calls[0][2]["t0"], list))):
+                for r, lists, hyper in calls:
+                    F.check(r, lists, **hyper)
+            for r, lists, hyper in calls:
+                F.run(r, lists, **hyper)
+            for p, state in new_state.items():
+                self.state[p] = state
         return loss
 
-    # torch's LR schedulers wrap `optimizer.step` with a function of
-    # torch/optim/lr_scheduler.py that sets `_opt_called`; Dynamo refuses to
-    # trace that file, so a compiled step would break (and the wrapper's
-    # weakref hides the grad_scale/found_inf GradScaler sets in the same
-    # graph). step() records `_opt_called` itself, and this marker tells the
-    # schedulers there is nothing to wrap.
-    step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+    mark_step_not_wrapped(step)
 
     def averaged_parameters(self):
         """Context manager: inside, every stepped parameter holds its average
@@ -318,3 +319,40 @@ class ASGD(Optimizer):
                 self.state[p][key] = torch.as_tensor(
                     v.detach() if isinstance(v, Tensor) else float(v)
                 ).to(device=p.device, dtype=dtype, copy=True).reshape(())
+
+
+class _GroupPlan:
+    """A group's gathered lists, reused by eager steps while they still hold.
+
+    Built once every param of the group has a grad and state. Reused while
+    the group holds the very same param objects (checked one by one, so a
+    param swapped in place of another is noticed), every param has a grad,
+    and ``state`` is the same mapping (load_state_dict replaces it). Grads
+    and the state tensors are read again at every step, and the op validates
+    dtypes, devices and shapes of everything at every step, so swapped
+    grads, ``p.data`` moved to another dtype or device, or replaced ``ax``
+    tensors are never missed. Not used while torch.compile traces."""
+
+    __slots__ = ("group", "params_list", "params", "state_map", "states", "route", "flags")
+
+    def __init__(self, group, params_list, state_map, route):
+        self.group = group
+        self.params_list = params_list
+        self.params = list(params_list)
+        self.state_map = state_map
+        self.states = [state_map[p] for p in self.params]
+        self.route = route
+        self.flags = (group["fused"], group["differentiable"])  # what route() read
+
+    def matches(self, group, params_list, grads, state_map) -> bool:
+        return (group is self.group and params_list is self.params_list
+                and state_map is self.state_map and len(params_list) == len(self.params)
+                and (group["fused"], group["differentiable"]) == self.flags
+                and all(map(operator.is_, params_list, self.params))
+                and not any(map(_is_none, grads)))
+
+    def state_lists(self) -> list[list[Tensor]]:
+        """[axs, mus, etas, steps], read from the state dicts again."""
+        st = self.states
+        return [list(map(_get_ax, st)), list(map(_get_mu, st)), list(map(_get_eta, st)),
+                list(map(_get_step, st))]

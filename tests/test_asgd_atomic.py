@@ -1,0 +1,291 @@
+"""ASGD.step() is all or nothing: bad input anywhere (here: always in a later
+parameter group) raises before any group is written, and no state is
+created for a rejected step. Also: the per-group plan that eager steps reuse
+notices swapped params, grads, state, dtypes and devices."""
+import pytest
+import torch
+
+from torchext.optim import ASGD
+
+KW = dict(lr=0.05, t0=1, weight_decay=1e-3)
+
+
+def make_groups(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    groups = []
+    for lr in (0.05, 0.02, 0.01):
+        ps = [torch.nn.Parameter(torch.randn(4, 3, generator=g)) for _ in range(3)]
+        for p in ps:
+            p.grad = torch.randn(p.shape, generator=g)
+        groups.append({"params": ps, "lr": lr})
+    return groups
+
+
+def snapshot(opt):
+    """Everything a step may change: params, and every state entry (by param
+    position, so a newly created entry shows up)."""
+    params = [p for g in opt.param_groups for p in g["params"]]
+    return {
+        "params": [p.detach().clone() for p in params],
+        "state": {i: {k: v.detach().clone() for k, v in opt.state[p].items()}
+                  for i, p in enumerate(params) if p in opt.state and opt.state[p]},
+        "groups": [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups],
+    }
+
+
+def equal(x, y):
+    if x.is_meta or y.is_meta:  # no data to compare
+        return (x.device, x.dtype, x.shape) == (y.device, y.dtype, y.shape)
+    return x.dtype == y.dtype and torch.equal(x, y)
+
+
+def assert_same(a, b):
+    assert len(a["params"]) == len(b["params"])
+    for x, y in zip(a["params"], b["params"]):
+        assert equal(x, y)
+    assert a["state"].keys() == b["state"].keys()  # no new (or lost) state
+    for i in a["state"]:
+        assert a["state"][i].keys() == b["state"][i].keys()
+        for k in a["state"][i]:
+            assert equal(a["state"][i][k], b["state"][i][k]), (i, k)
+    assert a["groups"] == b["groups"]
+
+
+def set_grad_data(p, t):
+    # p.grad = t refuses another dtype/shape; .data does not (as user code
+    # or a buggy hook may do).
+    p.grad.data = t
+
+
+# Bad input on the second parameter of the LAST group.
+GRAD_CASES = {
+    "complex grad": lambda p: set_grad_data(p, torch.zeros(p.shape, dtype=torch.complex64)),
+    "float64 grad": lambda p: set_grad_data(p, torch.zeros(p.shape, dtype=torch.float64)),
+    "wrong grad shape": lambda p: set_grad_data(p, torch.zeros(5, 2)),
+    "sparse grad": lambda p: setattr(p, "grad", torch.zeros(p.shape).to_sparse()),
+}
+STATE_CASES = {
+    "ax wrong shape": ("ax", lambda t: torch.zeros(5, 2)),
+    "ax wrong dtype": ("ax", lambda t: t.double()),
+    "ax on meta": ("ax", lambda t: t.to("meta")),
+    "step on meta": ("step", lambda t: t.to("meta")),
+    "eta wrong dtype": ("eta", lambda t: t.half()),
+    "mu two elements": ("mu", lambda t: t.expand(2).clone()),
+}
+MATCH = "sparse|dtype|shape|device|meta|element|float32"
+
+
+@pytest.mark.parametrize("first_step", [True, False], ids=["first-step", "later-step"])
+@pytest.mark.parametrize("case", GRAD_CASES)
+def test_bad_grad_in_later_group_changes_nothing(case, first_step):
+    opt = ASGD(make_groups(), **KW)
+    if not first_step:
+        opt.step()
+        opt.step()  # the second step runs from the cached per-group plan
+    before = snapshot(opt)
+    GRAD_CASES[case](opt.param_groups[-1]["params"][1])
+    with pytest.raises((RuntimeError, TypeError, ValueError), match=MATCH):
+        opt.step()
+    assert_same(snapshot(opt), before)
+    if first_step:
+        assert len(opt.state) == 0
+
+
+@pytest.mark.parametrize("case", STATE_CASES)
+def test_bad_state_in_later_group_changes_nothing(case):
+    opt = ASGD(make_groups(), **KW)
+    opt.step()
+    opt.step()
+    key, make = STATE_CASES[case]
+    p = opt.param_groups[-1]["params"][1]
+    opt.state[p][key] = make(opt.state[p][key])
+    before = snapshot(opt)
+    with pytest.raises((RuntimeError, TypeError, ValueError), match=MATCH):
+        opt.step()
+    assert_same(snapshot(opt), before)
+
+
+def test_new_param_in_later_group_gets_no_state_when_rejected():
+    opt = ASGD(make_groups(), **KW)
+    opt.step()
+    q = torch.nn.Parameter(torch.randn(2))
+    q.grad = torch.randn(2)
+    opt.add_param_group({"params": [q]})
+    bad = opt.param_groups[1]["params"][0]
+    set_grad_data(bad, torch.zeros(bad.shape, dtype=torch.float64))
+    before = snapshot(opt)
+    with pytest.raises(TypeError, match="dtype"):
+        opt.step()
+    assert q not in opt.state or not opt.state[q]
+    assert_same(snapshot(opt), before)
+
+
+def test_several_devices_in_one_group_change_nothing_when_one_is_bad():
+    # cpu + meta params in one group: one op call per device; the meta
+    # call's input is bad, the cpu call must not have run.
+    cpu = [torch.nn.Parameter(torch.randn(3)) for _ in range(2)]
+    meta = torch.nn.Parameter(torch.empty(3, device="meta"))
+    for p in cpu:
+        p.grad = torch.randn(3)
+    meta.grad = torch.empty(3, device="meta")
+    opt = ASGD([{"params": cpu + [meta]}], **KW)
+    opt.step()
+    opt.state[meta]["ax"] = torch.empty(4, device="meta")
+    before = snapshot(opt)
+    with pytest.raises(ValueError, match="shape"):
+        opt.step()
+    assert_same(snapshot(opt), before)
+
+
+def test_retry_after_fixing_the_bad_grad_matches_torch():
+    """A user who catches the error, fixes the grad and retries applies each
+    group exactly once."""
+    ours, ref = ASGD(make_groups(), **KW), torch.optim.ASGD(make_groups(), foreach=False, **KW)
+    for opt in (ours, ref):
+        opt.step()
+    p = ours.param_groups[-1]["params"][0]
+    good = p.grad
+    p.grad = torch.zeros(p.shape).to_sparse()
+    with pytest.raises(RuntimeError, match="sparse"):
+        ours.step()
+    p.grad = good
+    ours.step()
+    ref.step()
+    for g_ours, g_ref in zip(ours.param_groups, ref.param_groups):
+        for a, b in zip(g_ours["params"], g_ref["params"]):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+            torch.testing.assert_close(ours.state[a]["ax"], ref.state[b]["ax"],
+                                       rtol=1e-6, atol=1e-7)
+
+
+# --- the cached per-group plan notices what changed -------------------------
+
+def stepped_pair(**kw):
+    ours, ref = ASGD(make_groups(), **KW, **kw), torch.optim.ASGD(make_groups(), foreach=False,
+                                                                   **KW, **kw)
+    for _ in range(2):
+        ours.step()
+        ref.step()
+    return ours, ref
+
+
+def assert_match(ours, ref):
+    assert len(ours.param_groups) == len(ref.param_groups)
+    for g_ours, g_ref in zip(ours.param_groups, ref.param_groups):
+        for a, b in zip(g_ours["params"], g_ref["params"]):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+            if b in ref.state:
+                for k in ("ax", "step", "eta", "mu"):
+                    torch.testing.assert_close(ours.state[a][k], ref.state[b][k].to(
+                        ours.state[a][k].dtype), rtol=1e-6, atol=1e-7)
+            else:
+                assert a not in ours.state
+
+
+def both(ours, ref, fn):
+    fn(ours)
+    fn(ref)
+    ours.step()
+    ref.step()
+    assert_match(ours, ref)
+
+
+def test_plan_notices_swapped_param():
+    ours, ref = stepped_pair()
+
+    def swap(opt):
+        new = torch.nn.Parameter(torch.full((4, 3), 0.5))
+        new.grad = torch.full((4, 3), 0.25)
+        opt.param_groups[1]["params"][2] = new  # same list object, other param
+    both(ours, ref, swap)
+
+
+def test_plan_notices_swapped_and_missing_grads():
+    ours, ref = stepped_pair()
+
+    def new_grads(opt):
+        for g in opt.param_groups:
+            for p in g["params"]:
+                p.grad = torch.ones_like(p) * 0.3
+    both(ours, ref, new_grads)
+    both(ours, ref, lambda opt: setattr(opt.param_groups[0]["params"][1], "grad", None))
+
+    def grads_back(opt):
+        opt.param_groups[0]["params"][1].grad = torch.full((4, 3), -0.1)
+    both(ours, ref, grads_back)
+
+
+def test_plan_notices_replaced_group_list_and_state_tensors():
+    ours, ref = stepped_pair()
+
+    def new_list(opt):
+        opt.param_groups[0]["params"] = opt.param_groups[0]["params"][:2]
+    both(ours, ref, new_list)
+
+    def new_ax(opt):
+        p = opt.param_groups[2]["params"][0]
+        opt.state[p]["ax"] = torch.full((4, 3), 2.0)
+    both(ours, ref, new_ax)
+
+
+def test_plan_notices_load_state_dict():
+    ours, ref = stepped_pair()
+    other, other_ref = stepped_pair()
+    other.step()
+    other_ref.step()
+    ours.load_state_dict(other.state_dict())
+    ref.load_state_dict(other_ref.state_dict())
+    ours.step()
+    ref.step()
+    assert_match(ours, ref)
+
+
+def test_plan_notices_dtype_and_device_changes():
+    ours = ASGD(make_groups(), **KW)
+    ours.step()
+    ours.step()
+    p = ours.param_groups[2]["params"][0]
+    # The param moves to float64 in place (same object): its float32 state no
+    # longer fits, and the step says so instead of reusing the old plan.
+    p.data = p.data.double()
+    p.grad = torch.zeros(p.shape, dtype=torch.float64)
+    before = snapshot(ours)
+    with pytest.raises(TypeError, match=r"axs\[0\] has dtype"):
+        ours.step()
+    assert_same(snapshot(ours), before)
+    p.data = p.data.float()
+    p.grad = torch.zeros(p.shape)
+    ours.step()  # and works again once it fits
+
+
+
+def test_plan_notices_param_moved_to_another_device():
+    # A param replaced by one on another device (cpu -> meta): the group now
+    # needs one op call per device, not the cached single call.
+    ours, ref = stepped_pair()
+
+    def to_meta(opt):
+        m = torch.nn.Parameter(torch.empty(4, 3, device="meta"))
+        m.grad = torch.empty(4, 3, device="meta")
+        opt.param_groups[1]["params"][1] = m
+    to_meta(ours)
+    ours.step()
+    ref.param_groups[1]["params"].pop(1)
+    ref.step()
+    m = ours.param_groups[1]["params"].pop(1)
+    assert ours.state[m]["ax"].device.type == "meta"
+    assert_match(ours, ref)
+
+
+def test_plan_notices_group_flags():
+    ours = ASGD(make_groups(), **KW)
+    ours.step()
+    ours.step()
+    ours.param_groups[0]["fused"] = False  # reference path from now on
+    ref = torch.optim.ASGD(make_groups(), foreach=False, **KW)
+    ref.step()
+    ref.step()
+    ours.param_groups[0]["differentiable"] = False
+    ours.step()
+    ref.step()
+    assert_match(ours, ref)

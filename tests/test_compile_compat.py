@@ -1,0 +1,76 @@
+"""Each workaround in torchext/_compile_compat.py, and a check that torch
+still behaves the way that makes it necessary. When one of the
+`test_torch_still_*` tests fails on a new torch, the matching workaround
+can probably go (and its test with it)."""
+import inspect
+
+import torch
+from torch._dynamo import trace_rules
+from torch._dynamo.variables.optimizer import OptimizerVariable
+
+from torchext import _compile_compat as cc
+from torchext.optim import ASGD
+
+
+def _opt(cls=torch.optim.SGD):
+    return cls([torch.nn.Parameter(torch.randn(2))], lr=0.1)
+
+
+# (1) LR schedulers wrap optimizer.step in a function Dynamo does not trace.
+
+def test_torch_still_wraps_step_in_an_untraceable_lr_scheduler_function():
+    opt = _opt()
+    torch.optim.lr_scheduler.StepLR(opt, 1)
+    wrapper = getattr(opt.step, "__func__", opt.step)
+    assert inspect.getsourcefile(wrapper).endswith("lr_scheduler.py")
+    assert trace_rules.check_verbose(wrapper).skipped
+
+
+def test_marked_step_is_not_wrapped_and_still_tells_the_scheduler_it_ran():
+    opt = _opt(ASGD)
+    assert cc.is_marked_not_wrapped(ASGD.step)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1)
+    assert opt.step.__func__ is ASGD.step
+    opt.step()
+    assert opt._opt_called  # what the wrapper would have recorded
+    sched.step()  # no "lr_scheduler.step() before optimizer.step()" warning path
+
+
+# (2) Dynamo special-cases `param_groups` of optimizers.
+
+def test_torch_still_special_cases_param_groups_of_optimizers():
+    src = inspect.getsource(OptimizerVariable)
+    assert "param_groups" in src and "capturable" in src
+
+
+def test_groups_alias_is_param_groups_and_follows_a_replaced_list():
+    opt = _opt(ASGD)
+    assert opt._current_groups() is opt.param_groups
+    opt.param_groups = list(opt.param_groups)
+    assert opt._current_groups() is opt.param_groups
+    opt.add_param_group({"params": [torch.nn.Parameter(torch.randn(1))]})
+    assert opt._current_groups() is opt.param_groups
+
+
+# (3) torch's Optimizer.zero_grad is not traceable.
+
+def test_torch_zero_grad_is_still_not_traced():
+    assert trace_rules.check_verbose(torch.optim.Optimizer.zero_grad).skipped
+    assert not trace_rules.check_verbose(ASGD.zero_grad).skipped
+
+
+# (4) Dynamo intercepts the method named `_init_group`.
+
+def test_torch_still_intercepts_init_group():
+    assert cc.DYNAMO_INTERCEPTED_INIT in inspect.getsource(OptimizerVariable)
+    assert ASGD.step.__code__.co_names.count(cc.DYNAMO_INTERCEPTED_INIT) == 0
+
+
+def test_init_group_alias_gathers_like_torch_and_reports_complex():
+    p = torch.nn.Parameter(torch.randn(2, dtype=torch.complex64))
+    p.grad = torch.randn(2, dtype=torch.complex64)
+    q = torch.nn.Parameter(torch.randn(2))
+    opt = ASGD([p, q])
+    lists = [[] for _ in range(6)]
+    assert opt._init_group(opt.param_groups[0], *lists) is True
+    assert lists[0] == [p] and set(opt.state[p]) == {"step", "eta", "mu", "ax"}
