@@ -52,7 +52,9 @@ struct DeviceCall {
   ASGDArgs args(const ASGDOptions& o) const {
     std::optional<at::Tensor> lr_tensor;
     if (o.has_tensor_lr()) lr_tensor = o.lr_tensor();
-    return {params, grads, axs, mus, etas, steps, o.lr(), lr_tensor, o.lambd(), o.alpha(),
+    // (TensorRefs point into this DeviceCall's lists: use the args while it lives.)
+    return {TensorRefs(params), TensorRefs(grads), TensorRefs(axs), TensorRefs(mus),
+            TensorRefs(etas), TensorRefs(steps), o.lr(), lr_tensor, o.lambd(), o.alpha(),
             o.t0(), o.weight_decay(), o.maximize(), grad_scale, found_inf};
   }
 };
