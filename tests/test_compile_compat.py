@@ -43,13 +43,14 @@ def test_torch_still_special_cases_param_groups_of_optimizers():
     assert "param_groups" in src and "capturable" in src
 
 
-def test_groups_alias_is_param_groups_and_follows_a_replaced_list():
+def test_groups_are_read_from_the_instance_and_follow_a_replaced_list():
     opt = _opt(ASGD)
     assert opt._current_groups() is opt.param_groups
     opt.param_groups = list(opt.param_groups)
     assert opt._current_groups() is opt.param_groups
     opt.add_param_group({"params": [torch.nn.Parameter(torch.randn(1))]})
     assert opt._current_groups() is opt.param_groups
+    assert cc.param_groups(torch.optim.SGD(opt.param_groups[0]["params"])) is not None
 
 
 # (3) torch's Optimizer.zero_grad is not traceable.

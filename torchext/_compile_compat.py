@@ -3,9 +3,8 @@ place. Each says which torch behaviour it works around; the tests in
 tests/test_compile_compat.py check that torch still behaves that way, so a
 workaround can go when its test starts failing.
 
-Used by ``torchext.optim.ASGD``; the apex layer (``torchext.amp.apex``)
-should use :func:`mark_step_not_wrapped` and :func:`is_marked_not_wrapped`
-instead of spelling ``_wrapped_by_lr_sched`` itself.
+Used by ``torchext.optim.ASGD``, ``torchext.amp.GradScaler`` and the apex
+layer (``torchext.amp.apex``).
 """
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["GroupsAlias", "mark_step_not_wrapped", "is_marked_not_wrapped",
+__all__ = ["GroupsAlias", "param_groups", "mark_step_not_wrapped", "is_marked_not_wrapped",
            "LR_SCHED_MARKER"]
 
 # (1) torch's LR schedulers wrap `optimizer.step` in a function defined in
@@ -36,32 +35,33 @@ def is_marked_not_wrapped(step: Callable[..., Any]) -> bool:
     return bool(getattr(step, LR_SCHED_MARKER, False))
 
 
-class GroupsAlias:
-    """(2) ``_groups``: ``param_groups`` under another name.
+def param_groups(optimizer: Any) -> list[dict[str, Any]]:
+    """(2) An optimizer's ``param_groups``, read so that it also works inside
+    ``torch.compile``.
 
     Dynamo special-cases the attribute ``param_groups`` of optimizers
     (torch._dynamo.variables.optimizer.OptimizerVariable): on CUDA it flips
-    ``capturable`` to True in the user's groups, and in a fullgraph step
-    with an in-graph backward, clearing grads through it silently hands the
-    next step no gradients. Code that walks the groups inside a compiled
-    step (step, zero_grad, torchext's GradScaler) reads
-    ``_current_groups()`` instead: the very same list object.
+    ``capturable`` to True in the user's groups, and in a fullgraph step with
+    an in-graph backward, gradients read through it are the stale ones from
+    before the backward (the step then sees none, and nothing updates). The
+    same list read from the instance's ``__dict__`` is traced like any
+    attribute. Everything that walks groups inside a compiled step reads them
+    through this: ASGD's step and zero_grad, torchext's GradScaler.
+    Optimizers whose ``param_groups`` is a property (wrappers) are read
+    through it."""
+    groups = optimizer.__dict__.get("param_groups")
+    return optimizer.param_groups if groups is None else groups
 
-    (3) ``zero_grad``: torch's ``Optimizer.zero_grad`` is wrapped in
-    ``torch._disable_dynamo``, a graph break in a fullgraph train step; this
-    one does the same thing and is traceable.
-    """
 
-    param_groups: list[dict[str, Any]]
-    _groups: list[dict[str, Any]]
-
-    def _refresh_views(self) -> None:
-        self._groups = self.param_groups
+class GroupsAlias:
+    """Mixin for torchext's optimizers: ``_current_groups()`` (see
+    :func:`param_groups`) and (3) a traceable ``zero_grad``: torch's
+    ``Optimizer.zero_grad`` is wrapped in ``torch._disable_dynamo``, a graph
+    break in a fullgraph train step; this one does the same thing and is
+    traceable."""
 
     def _current_groups(self) -> list[dict[str, Any]]:
-        if not torch.compiler.is_compiling() and self._groups is not self.param_groups:
-            self._refresh_views()  # the user replaced the list itself
-        return self._groups
+        return param_groups(self)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Resets the gradients of all optimized tensors, as torch's

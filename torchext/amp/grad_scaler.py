@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 from torch.amp.grad_scaler import OptState
 
+from .._compile_compat import param_groups
 from ..optim._dtensor import to_local
 
 __all__ = ["GradScaler", "OptState", "param_groups"]
@@ -30,21 +31,6 @@ def _refresh_per_optimizer_state() -> dict[str, Any]:
     # torch's function of the same name, defined here so that Dynamo traces
     # the defaultdict's factory inside a compiled step.
     return {"stage": OptState.READY, "found_inf_per_device": {}}
-
-
-def param_groups(optimizer) -> list[dict[str, Any]]:
-    """The optimizer's param groups, read so that it also works inside
-    ``torch.compile``: the scaler reads gradients through this.
-
-    Dynamo intercepts the attribute ``param_groups`` of a
-    ``torch.optim.Optimizer`` (it marks the params static, may flip
-    ``capturable``) and, in a fullgraph step with an in-graph backward,
-    gradients read through it are the stale ones from before the backward
-    (the step then sees none). The same list read from the instance's
-    ``__dict__`` is traced like any attribute. Optimizers whose
-    ``param_groups`` is a property (wrappers) are read through it."""
-    groups = optimizer.__dict__.get("param_groups")
-    return optimizer.param_groups if groups is None else groups
 
 
 def _step_takes_grad_scaler(optimizer) -> bool:

@@ -89,7 +89,6 @@ class ASGD(GroupsAlias, Optimizer):
         defaults = dict(lr=lr, lambd=lambd, alpha=alpha, t0=t0, weight_decay=weight_decay,
                         foreach=foreach, maximize=maximize, differentiable=differentiable,
                         capturable=capturable, fused=fused)
-        self._groups: list[dict[str, Any]] = []
         self._plans: dict[int, _GroupPlan] = {}
         super().__init__(params, defaults)
         if fused:
@@ -104,10 +103,6 @@ class ASGD(GroupsAlias, Optimizer):
         self._gather_group(group, params, grads, mus, axs, etas, state_steps)
         return any(torch.is_complex(p) for p in params)  # torch's has_complex
 
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        super().add_param_group(param_group)
-        self._refresh_views()
-
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         for group in self.param_groups:
@@ -116,7 +111,6 @@ class ASGD(GroupsAlias, Optimizer):
             group.setdefault("differentiable", False)
             group.setdefault("capturable", False)
             group.setdefault("fused", None)
-        self._refresh_views()
         self._plans = {}
         for group in self.param_groups:
             for p in group["params"]:

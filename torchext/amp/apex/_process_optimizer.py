@@ -9,6 +9,7 @@ import types
 import torch
 from torch import Tensor
 
+from ..._compile_compat import is_marked_not_wrapped
 from ._amp_state import _amp_state
 from ._casting import HALF_DTYPES
 
@@ -68,7 +69,7 @@ def _amp_step(self, *args, **kwargs):
             print("torchext.amp: gradient overflow, step skipped")
     elif pending.item():  # one host sync, as apex and torch's GradScaler
         out = None  # skipped; an LR scheduler's wrapper (outside) still saw the call
-        if getattr(base.step, "_wrapped_by_lr_sched", False):
+        if is_marked_not_wrapped(base.step):
             # This optimizer records the call for LR schedulers in its own
             # step() (so they do not wrap it), which did not run: record it.
             self._opt_called = True
