@@ -289,3 +289,42 @@ def test_plan_notices_group_flags():
     ours.step()
     ref.step()
     assert_match(ours, ref)
+
+
+# --- the C++ side of the plan (csrc/asgd_plan.cpp) ---------------------------
+
+def test_single_group_steps_through_the_cpp_plan_and_falls_back_when_a_grad_goes():
+    params = [torch.nn.Parameter(torch.randn(5, 3)) for _ in range(4)]
+    ref_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    ours = ASGD(params, **KW)
+    ref = torch.optim.ASGD(ref_params, foreach=False, **KW)
+
+    def step(drop=None):
+        for i, (p, q) in enumerate(zip(params, ref_params)):
+            g = None if i == drop else torch.full_like(p, 0.1 * (i + 1))
+            p.grad, q.grad = g, None if g is None else g.clone()
+        ours.step()
+        ref.step()
+        assert_match(ours, ref)
+
+    step()
+    step()
+    plan = ours._native_plan(ours.param_groups[0])
+    assert plan is not None, "a plain one-device group steps through its C++ plan"
+    step(drop=2)  # a lone call whose plan finds a missing grad: the general path
+    step()
+    assert ours._native_plan(ours.param_groups[0]) is not None
+
+
+def test_ops_bump_versions_of_what_they_write_only_when_they_run():
+    p, g, ax = torch.randn(3), torch.randn(3), torch.zeros(3)
+    mu, eta, step = torch.ones(()), torch.full((), 0.1), torch.zeros(())
+    kw = dict(lr=0.1, lambd=0.0, alpha=0.75, t0=0.0, weight_decay=0.0, maximize=False)
+    before = [t._version for t in (p, g, ax, mu, eta, step)]
+    torch.ops.torchext.asgd_([p], [g], [ax], [mu], [eta], [step], **kw)
+    after = [t._version for t in (p, g, ax, mu, eta, step)]
+    assert after[1] == before[1]  # grads are read, not written
+    assert all(a == b + 1 for i, (a, b) in enumerate(zip(after, before)) if i != 1)
+    with pytest.raises(TypeError):
+        torch.ops.torchext.asgd_([p], [g.double()], [ax], [mu], [eta], [step], **kw)
+    assert [t._version for t in (p, g, ax, mu, eta, step)] == after

@@ -22,6 +22,17 @@ _is_none = functools.partial(operator.is_, None)
 _get_ax, _get_mu, _get_eta, _get_step = (operator.itemgetter(k) for k in ("ax", "mu", "eta", "step"))
 
 
+def _run_native(plan, hyper, validate_only: bool) -> bool:
+    """One asgd_ call through a group's C++ plan (False: a param has no grad;
+    nothing was done)."""
+    lr = hyper["lr"]
+    tensor_lr = isinstance(lr, Tensor)
+    return plan.native.run(validate_only, lr if tensor_lr else None, 0.0 if tensor_lr else float(lr),
+                      float(hyper["lambd"]), float(hyper["alpha"]), float(hyper["t0"]),
+                      float(hyper["weight_decay"]), bool(hyper["maximize"]),
+                      hyper["grad_scale"], hyper["found_inf"])
+
+
 def _scalar_dtype() -> torch.dtype:
     # Same rule as torch.optim: float64 state when the default dtype is float64.
     return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
@@ -180,7 +191,7 @@ class ASGD(GroupsAlias, Optimizer):
         r = F.route(p_, group["fused"], group["differentiable"])
         if not compiling and len(p_) == len(params) and len(new_state) == created:
             # Every param has a grad and its state: reuse the lists next step.
-            self._plans[id(group)] = _GroupPlan(group, params, self.state, r)
+            self._plans[id(group)] = _GroupPlan(group, params, self.state, r, lists)
         return r, F.prepare(r, lists), _averaging.group_t0(group, p_)
 
     def step(self, closure=None):
@@ -202,28 +213,54 @@ class ASGD(GroupsAlias, Optimizer):
         found_inf = getattr(self, "found_inf", None)
         with torch.set_grad_enabled(self.defaults["differentiable"]):
             new_state: dict[Tensor, dict[str, Any]] = {}
-            calls = []
+            compiling = torch.compiler.is_compiling()
+            calls = []  # (route, lists, hyper), or (None, _GroupPlan with a C++ side, hyper)
             for group in self._current_groups():
-                gathered = self._group_lists(group, new_state)
-                if gathered is None:
-                    continue
-                r, lists, t0 = gathered
-                hyper = dict(lr=group["lr"], lambd=group["lambd"], alpha=group["alpha"], t0=t0,
-                             weight_decay=group["weight_decay"],
+                hyper = dict(lr=group["lr"], lambd=group["lambd"], alpha=group["alpha"],
+                             t0=group["t0"], weight_decay=group["weight_decay"],
                              maximize=group["maximize"], capturable=group["capturable"],
                              grad_scale=grad_scale, found_inf=found_inf)
-                calls.append((r, lists, hyper))
+                plan = None if compiling else self._native_plan(group)
+                if plan is not None:
+                    calls.append((None, plan, hyper))
+                    continue
+                gathered = self._group_lists(group, new_state)
+                if gathered is not None:
+                    calls.append((gathered[0], gathered[1], dict(hyper, t0=gathered[2])))
             # Validate every group before the first write: a single op call
             # validates itself before writing, anything more is checked first.
-            if len(calls) > 1 or (calls and (calls[0][0].needs_check or
-                                             isinstance(calls[0][2]["t0"], list))):
-                for r, lists, hyper in calls:
-                    F.check(r, lists, **hyper)
+            if len(calls) > 1 or (calls and calls[0][0] is not None and (
+                    calls[0][0].needs_check or isinstance(calls[0][2]["t0"], list))):
+                for i, (r, lists, hyper) in enumerate(calls):
+                    if r is None and not _run_native(lists, hyper, validate_only=True):
+                        # A param lost its grad: this group takes the general path.
+                        r, lists, t0 = self._group_lists(lists.group, new_state)
+                        calls[i] = (r, lists, dict(hyper, t0=t0))
+                    if r is not None:
+                        F.check(r, lists, **hyper)
             for r, lists, hyper in calls:
+                if r is None:
+                    if _run_native(lists, hyper, validate_only=False):
+                        continue
+                    # Only a lone call gets here (checked calls had grads):
+                    # nothing was written, take the general path.
+                    gathered = self._group_lists(lists.group, new_state)
+                    if gathered is None:
+                        continue
+                    r, lists, t0 = gathered
+                    hyper = dict(hyper, t0=t0)
                 F.run(r, lists, **hyper)
             for p, state in new_state.items():
                 self.state[p] = state
         return loss
+
+    def _native_plan(self, group) -> _GroupPlan | None:
+        """The group's plan when its C++ side (torch.classes.torchext.ASGDPlan)
+        still holds for this step, else None."""
+        plan = self._plans.get(id(group))
+        if plan is None or plan.native is None:
+            return None
+        return plan if plan.native_matches(group, group["params"], self.state) else None
 
     mark_step_not_wrapped(step)
 
@@ -327,9 +364,10 @@ class _GroupPlan:
     grads, ``p.data`` moved to another dtype or device, or replaced ``ax``
     tensors are never missed. Not used while torch.compile traces."""
 
-    __slots__ = ("group", "params_list", "params", "state_map", "states", "route", "flags")
+    __slots__ = ("group", "params_list", "params", "state_map", "states", "route", "flags",
+                 "native", "state_tensors")
 
-    def __init__(self, group, params_list, state_map, route):
+    def __init__(self, group, params_list, state_map, route, lists):
         self.group = group
         self.params_list = params_list
         self.params = list(params_list)
@@ -337,12 +375,34 @@ class _GroupPlan:
         self.states = [state_map[p] for p in self.params]
         self.route = route
         self.flags = (group["fused"], group["differentiable"])  # what route() read
+        # The C++ side of the plan, for fused steps of plain tensors on one
+        # device with one t0 (csrc/asgd_plan.cpp): the step then passes no
+        # list from Python at all. It holds the state tensors themselves, so
+        # native_matches() also checks that they are still the ones in state.
+        self.native = None
+        self.state_tensors = lists[2:]  # axs, mus, etas, steps
+        if (route.fused and route.by_device is None and route.plain
+                and "t0_per_param" not in group):
+            self.native = torch.classes.torchext.ASGDPlan(lists[0], *self.state_tensors)
 
-    def matches(self, group, params_list, grads, state_map) -> bool:
+    def native_matches(self, group, params_list, state_map) -> bool:
+        axs, mus, etas, steps = self.state_tensors
+        st = self.states
+        return (self.matches_params(group, params_list, state_map)
+                and "t0_per_param" not in group
+                and all(map(operator.is_, map(_get_ax, st), axs))
+                and all(map(operator.is_, map(_get_step, st), steps))
+                and all(map(operator.is_, map(_get_eta, st), etas))
+                and all(map(operator.is_, map(_get_mu, st), mus)))
+
+    def matches_params(self, group, params_list, state_map) -> bool:
         return (group is self.group and params_list is self.params_list
                 and state_map is self.state_map and len(params_list) == len(self.params)
                 and (group["fused"], group["differentiable"]) == self.flags
-                and all(map(operator.is_, params_list, self.params))
+                and all(map(operator.is_, params_list, self.params)))
+
+    def matches(self, group, params_list, grads, state_map) -> bool:
+        return (self.matches_params(group, params_list, state_map)
                 and not any(map(_is_none, grads)))
 
     def state_lists(self) -> list[list[Tensor]]:
