@@ -275,12 +275,14 @@ void check_swap_args(at::TensorList tensors, at::TensorList others) {
                 "] and others[", i, "] must be strided (dense) tensors");
     TORCH_CHECK_TYPE(a.scalar_type() == b.scalar_type(), "swap_: tensors[", i, "] has dtype ",
                      a.scalar_type(), " but others[", i, "] has dtype ", b.scalar_type());
-    TORCH_CHECK_VALUE(a.sizes() == b.sizes(), "swap_: tensors[", i, "] has shape ", a.sizes(),
-                      " but others[", i, "] has shape ", b.sizes());
+    // sym_sizes: under tracing (Meta/fake tensors) the sizes may be symbolic.
+    TORCH_CHECK_VALUE(a.sym_sizes() == b.sym_sizes(), "swap_: tensors[", i, "] has shape ",
+                      a.sym_sizes(), " but others[", i, "] has shape ", b.sym_sizes());
     TORCH_CHECK(a.device() == tensors[0].device() && b.device() == tensors[0].device(),
                 "swap_: all tensors must be on one device; tensors[0] is on ", tensors[0].device(),
                 " but tensors[", i, "] is on ", a.device(), " and others[", i, "] on ",
                 b.device());
+    if (a.is_meta()) continue;  // no memory to overlap (and sizes may be symbolic)
     TORCH_CHECK(at::has_internal_overlap(a) != at::MemOverlap::Yes &&
                     at::has_internal_overlap(b) != at::MemOverlap::Yes,
                 "swap_: tensors[", i, "] or others[", i,
