@@ -72,6 +72,19 @@ ASGDArgs asgd_args_from_stack(const torch::jit::Stack& stack) {
   return a;
 }
 
+const c10::TypedOperatorHandle<AsgdOp>& asgd_op() {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("torchext::asgd_", "").typed<AsgdOp>();
+  return op;
+}
+
+const c10::TypedOperatorHandle<AsgdTensorLrOp>& asgd_tensor_lr_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("torchext::asgd_", "tensor_lr")
+                             .typed<AsgdTensorLrOp>();
+  return op;
+}
+
 double read_cpu_scalar(const at::Tensor& t) {
   const void* p = t.const_data_ptr();
   switch (t.scalar_type()) {

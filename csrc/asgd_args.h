@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/core/stack.h>
 #include <c10/util/ArrayRef.h>
@@ -63,6 +64,19 @@ void register_asgd_kernels(torch::Library& m) {
   m.impl("asgd_", torch::CppFunction::makeFromBoxedFunction<&asgd_boxed<Impl>>());
   m.impl("asgd_.tensor_lr", torch::CppFunction::makeFromBoxedFunction<&asgd_boxed<Impl>>());
 }
+
+// The two overloads of asgd_ as typed dispatcher handles, for C++ callers
+// (the C++ API and the Python optimizer's C++ plan call the op exactly as
+// Python does).
+using AsgdOp = void(at::TensorList, at::TensorList, at::TensorList, at::TensorList,
+                    at::TensorList, at::TensorList, double, double, double, double, double,
+                    bool, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&);
+using AsgdTensorLrOp = void(at::TensorList, at::TensorList, at::TensorList, at::TensorList,
+                            at::TensorList, at::TensorList, const at::Tensor&, double, double,
+                            double, double, bool, const std::optional<at::Tensor>&,
+                            const std::optional<at::Tensor>&);
+const c10::TypedOperatorHandle<AsgdOp>& asgd_op();
+const c10::TypedOperatorHandle<AsgdTensorLrOp>& asgd_tensor_lr_op();
 
 // Reads a 1-element float/double/int tensor that lives on the CPU.
 double read_cpu_scalar(const at::Tensor& t);

@@ -22,14 +22,6 @@
 namespace torchext {
 namespace {
 
-using AsgdOp = void(at::TensorList, at::TensorList, at::TensorList, at::TensorList,
-                    at::TensorList, at::TensorList, double, double, double, double, double,
-                    bool, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&);
-using AsgdTensorLrOp = void(at::TensorList, at::TensorList, at::TensorList, at::TensorList,
-                            at::TensorList, at::TensorList, const at::Tensor&, double, double,
-                            double, double, bool, const std::optional<at::Tensor>&,
-                            const std::optional<at::Tensor>&);
-
 struct ASGDPlan : torch::CustomClassHolder {
   std::vector<at::Tensor> params, grads, axs, mus, etas, steps;
 
@@ -58,12 +50,8 @@ struct ASGDPlan : torch::CustomClassHolder {
       if (!g.defined()) return false;
       grads.push_back(g);
     }
-    static const auto float_lr = c10::Dispatcher::singleton()
-                                     .findSchemaOrThrow("torchext::asgd_", "")
-                                     .typed<AsgdOp>();
-    static const auto tensor_lr = c10::Dispatcher::singleton()
-                                      .findSchemaOrThrow("torchext::asgd_", "tensor_lr")
-                                      .typed<AsgdTensorLrOp>();
+    const auto& float_lr = asgd_op();
+    const auto& tensor_lr = asgd_tensor_lr_op();
     const c10::DispatchKeySet meta(c10::DispatchKey::Meta);
     if (lr_tensor.has_value()) {
       if (validate_only) {

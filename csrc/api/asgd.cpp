@@ -22,26 +22,6 @@ namespace {
 
 using torch::optim::OptimizerParamGroup;
 
-using AsgdOp = void(at::TensorList, at::TensorList, at::TensorList, at::TensorList,
-                    at::TensorList, at::TensorList, double, double, double, double, double,
-                    bool, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&);
-using AsgdTensorLrOp = void(at::TensorList, at::TensorList, at::TensorList, at::TensorList,
-                            at::TensorList, at::TensorList, const at::Tensor&, double, double,
-                            double, double, bool, const std::optional<at::Tensor>&,
-                            const std::optional<at::Tensor>&);
-
-const c10::TypedOperatorHandle<AsgdOp>& asgd_op() {
-  static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("torchext::asgd_", "").typed<AsgdOp>();
-  return op;
-}
-const c10::TypedOperatorHandle<AsgdTensorLrOp>& asgd_tensor_lr_op() {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("torchext::asgd_", "tensor_lr")
-                             .typed<AsgdTensorLrOp>();
-  return op;
-}
-
 bool fused_device(const c10::Device& d) { return d.is_cpu() || d.is_cuda(); }
 
 // The op's arguments for one device's lists (the op validates exactly these).
