@@ -328,3 +328,12 @@ def test_ops_bump_versions_of_what_they_write_only_when_they_run():
     with pytest.raises(TypeError):
         torch.ops.torchext.asgd_([p], [g.double()], [ax], [mu], [eta], [step], **kw)
     assert [t._version for t in (p, g, ax, mu, eta, step)] == after
+
+
+def test_plan_groups_whose_grads_all_went_are_skipped_in_a_multi_group_step():
+    ours, ref = stepped_pair()
+
+    def drop_group(opt):
+        for p in opt.param_groups[1]["params"]:
+            p.grad = None
+    both(ours, ref, drop_group)

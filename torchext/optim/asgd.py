@@ -231,13 +231,18 @@ class ASGD(GroupsAlias, Optimizer):
             # validates itself before writing, anything more is checked first.
             if len(calls) > 1 or (calls and calls[0][0] is not None and (
                     calls[0][0].needs_check or isinstance(calls[0][2]["t0"], list))):
-                for i, (r, lists, hyper) in enumerate(calls):
+                checked = []
+                for r, lists, hyper in calls:
                     if r is None and not _run_native(lists, hyper, validate_only=True):
                         # A param lost its grad: this group takes the general path.
-                        r, lists, t0 = self._group_lists(lists.group, new_state)
-                        calls[i] = (r, lists, dict(hyper, t0=t0))
+                        gathered = self._group_lists(lists.group, new_state)
+                        if gathered is None:
+                            continue
+                        r, lists, hyper = gathered[0], gathered[1], dict(hyper, t0=gathered[2])
                     if r is not None:
                         F.check(r, lists, **hyper)
+                    checked.append((r, lists, hyper))
+                calls = checked
             for r, lists, hyper in calls:
                 if r is None:
                     if _run_native(lists, hyper, validate_only=False):
@@ -254,6 +259,8 @@ class ASGD(GroupsAlias, Optimizer):
                 self.state[p] = state
         return loss
 
+    mark_step_not_wrapped(step)
+
     def _native_plan(self, group) -> _GroupPlan | None:
         """The group's plan when its C++ side (torch.classes.torchext.ASGDPlan)
         still holds for this step, else None."""
@@ -261,8 +268,6 @@ class ASGD(GroupsAlias, Optimizer):
         if plan is None or plan.native is None:
             return None
         return plan if plan.native_matches(group, group["params"], self.state) else None
-
-    mark_step_not_wrapped(step)
 
     def averaged_parameters(self):
         """Context manager: inside, every stepped parameter holds its average
