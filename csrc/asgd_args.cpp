@@ -107,7 +107,7 @@ void check_found_inf(const char* op, const at::Tensor& found_inf,
               found_inf.device(), " but the tensors are on ", device);
 }
 
-void check_asgd_args(const ASGDArgs& a) {
+void check_asgd_header(const ASGDArgs& a) {
   const size_t n = a.params.size();
   TORCH_CHECK_VALUE(
       a.grads.size() == n && a.axs.size() == n && a.mus.size() == n &&
@@ -134,52 +134,10 @@ void check_asgd_args(const ASGDArgs& a) {
   TORCH_CHECK_VALUE(a.alpha >= 0.0, "asgd_: invalid alpha value: ", a.alpha, " (must be >= 0)");
   TORCH_CHECK_VALUE(a.weight_decay >= 0.0, "asgd_: invalid weight_decay value: ",
                     a.weight_decay, " (must be >= 0)");
-
-  if (n == 0) {
-    return;
-  }
+  if (n == 0) return;
+  TORCH_CHECK(a.params[0].defined(), "asgd_: params[0] is undefined");
+  TORCH_CHECK(a.steps[0].defined(), "asgd_: steps[0] is undefined");
   const c10::Device device = a.params[0].device();
-  for (size_t i = 0; i < n; ++i) {
-    const at::Tensor& p = a.params[i];
-    const at::Tensor& g = a.grads[i];
-    const at::Tensor& ax = a.axs[i];
-    TORCH_CHECK(p.defined(), "asgd_: params[", i, "] is undefined");
-    TORCH_CHECK(g.defined(), "asgd_: grads[", i, "] is undefined (leave params without a grad out of the lists)");
-    TORCH_CHECK(ax.defined(), "asgd_: axs[", i, "] is undefined");
-    TORCH_CHECK(!g.is_sparse(), "asgd_: ASGD does not support sparse gradients (grads[", i, "] is sparse)");
-    TORCH_CHECK(p.layout() == at::kStrided && g.layout() == at::kStrided &&
-                    ax.layout() == at::kStrided,
-                "asgd_: params[", i, "], grads[", i, "] and axs[", i, "] must be strided (dense) tensors");
-    TORCH_CHECK_TYPE(is_supported_param_dtype(p.scalar_type()), "asgd_: params[", i,
-                     "] has unsupported dtype ", p.scalar_type(),
-                     "; supported: float32, float64, float16, bfloat16, complex64, complex128");
-    TORCH_CHECK_TYPE(g.scalar_type() == p.scalar_type(), "asgd_: grads[", i, "] has dtype ",
-                     g.scalar_type(), " but params[", i, "] has dtype ", p.scalar_type());
-    TORCH_CHECK_TYPE(ax.scalar_type() == p.scalar_type(), "asgd_: axs[", i, "] has dtype ",
-                     ax.scalar_type(), " but params[", i, "] has dtype ", p.scalar_type());
-    TORCH_CHECK_VALUE(g.sizes() == p.sizes(), "asgd_: grads[", i, "] has shape ", g.sizes(),
-                      " but params[", i, "] has shape ", p.sizes());
-    TORCH_CHECK_VALUE(ax.sizes() == p.sizes(), "asgd_: axs[", i, "] has shape ", ax.sizes(),
-                      " but params[", i, "] has shape ", p.sizes());
-    TORCH_CHECK(p.device() == device, "asgd_: all tensors must be on one device; params[0] is on ",
-                device, " but params[", i, "] is on ", p.device());
-    TORCH_CHECK(g.device() == device, "asgd_: grads[", i, "] is on ", g.device(),
-                " but params[", i, "] is on ", device);
-    TORCH_CHECK(ax.device() == device, "asgd_: axs[", i, "] is on ", ax.device(),
-                " but params[", i, "] is on ", device);
-    TORCH_CHECK(!ax.is_alias_of(p) && !g.is_alias_of(p) && !ax.is_alias_of(g),
-                "asgd_: params[", i, "], grads[", i, "] and axs[", i, "] must not share memory");
-    check_state_scalar("mus", i, a.mus[i], device);
-    check_state_scalar("etas", i, a.etas[i], device);
-    check_state_scalar("steps", i, a.steps[i], device);
-    TORCH_CHECK_TYPE(a.mus[i].scalar_type() == a.steps[0].scalar_type() &&
-                         a.etas[i].scalar_type() == a.steps[0].scalar_type() &&
-                         a.steps[i].scalar_type() == a.steps[0].scalar_type(),
-                     "asgd_: mus, etas and steps must all share one dtype (float32, or float64 "
-                     "when the default dtype is float64); steps[0] is ",
-                     a.steps[0].scalar_type(), " but entry ", i, " has ", a.mus[i].scalar_type(),
-                     ", ", a.etas[i].scalar_type(), ", ", a.steps[i].scalar_type());
-  }
   if (a.lr_tensor.has_value()) {
     const auto& lr = *a.lr_tensor;
     TORCH_CHECK(lr.device() == device || lr.device().is_cpu(), "asgd_: a tensor lr must be on the CPU or on ",
@@ -197,6 +155,57 @@ void check_asgd_args(const ASGDArgs& a) {
   if (a.found_inf.has_value()) {
     check_found_inf("asgd_", *a.found_inf, device);
   }
+}
+
+void check_asgd_entry(const ASGDArgs& a, size_t i, const c10::Device& device,
+                      at::ScalarType state_dtype) {
+  const at::Tensor& p = a.params[i];
+  const at::Tensor& g = a.grads[i];
+  const at::Tensor& ax = a.axs[i];
+  TORCH_CHECK(p.defined(), "asgd_: params[", i, "] is undefined");
+  TORCH_CHECK(g.defined(), "asgd_: grads[", i, "] is undefined (leave params without a grad out of the lists)");
+  TORCH_CHECK(ax.defined(), "asgd_: axs[", i, "] is undefined");
+  TORCH_CHECK(!g.is_sparse(), "asgd_: ASGD does not support sparse gradients (grads[", i, "] is sparse)");
+  TORCH_CHECK(p.layout() == at::kStrided && g.layout() == at::kStrided &&
+                  ax.layout() == at::kStrided,
+              "asgd_: params[", i, "], grads[", i, "] and axs[", i, "] must be strided (dense) tensors");
+  TORCH_CHECK_TYPE(is_supported_param_dtype(p.scalar_type()), "asgd_: params[", i,
+                   "] has unsupported dtype ", p.scalar_type(),
+                   "; supported: float32, float64, float16, bfloat16, complex64, complex128");
+  TORCH_CHECK_TYPE(g.scalar_type() == p.scalar_type(), "asgd_: grads[", i, "] has dtype ",
+                   g.scalar_type(), " but params[", i, "] has dtype ", p.scalar_type());
+  TORCH_CHECK_TYPE(ax.scalar_type() == p.scalar_type(), "asgd_: axs[", i, "] has dtype ",
+                   ax.scalar_type(), " but params[", i, "] has dtype ", p.scalar_type());
+  TORCH_CHECK_VALUE(g.sizes() == p.sizes(), "asgd_: grads[", i, "] has shape ", g.sizes(),
+                    " but params[", i, "] has shape ", p.sizes());
+  TORCH_CHECK_VALUE(ax.sizes() == p.sizes(), "asgd_: axs[", i, "] has shape ", ax.sizes(),
+                    " but params[", i, "] has shape ", p.sizes());
+  TORCH_CHECK(p.device() == device, "asgd_: all tensors must be on one device; params[0] is on ",
+              device, " but params[", i, "] is on ", p.device());
+  TORCH_CHECK(g.device() == device, "asgd_: grads[", i, "] is on ", g.device(),
+              " but params[", i, "] is on ", device);
+  TORCH_CHECK(ax.device() == device, "asgd_: axs[", i, "] is on ", ax.device(),
+              " but params[", i, "] is on ", device);
+  TORCH_CHECK(!ax.is_alias_of(p) && !g.is_alias_of(p) && !ax.is_alias_of(g),
+              "asgd_: params[", i, "], grads[", i, "] and axs[", i, "] must not share memory");
+  check_state_scalar("mus", i, a.mus[i], device);
+  check_state_scalar("etas", i, a.etas[i], device);
+  check_state_scalar("steps", i, a.steps[i], device);
+  TORCH_CHECK_TYPE(a.mus[i].scalar_type() == state_dtype &&
+                       a.etas[i].scalar_type() == state_dtype &&
+                       a.steps[i].scalar_type() == state_dtype,
+                   "asgd_: mus, etas and steps must all share one dtype (float32, or float64 "
+                   "when the default dtype is float64); steps[0] is ", state_dtype,
+                   " but entry ", i, " has ", a.mus[i].scalar_type(), ", ",
+                   a.etas[i].scalar_type(), ", ", a.steps[i].scalar_type());
+}
+
+void check_asgd_args(const ASGDArgs& a) {
+  check_asgd_header(a);
+  if (a.params.empty()) return;
+  const c10::Device device = a.params[0].device();
+  const at::ScalarType state_dtype = a.steps[0].scalar_type();
+  for (size_t i = 0; i < a.params.size(); ++i) check_asgd_entry(a, i, device, state_dtype);
 }
 
 void check_amp_tensors(const char* op, at::TensorList tensors, const at::Tensor& found_inf,

@@ -42,8 +42,18 @@ struct ASGDArgs {
 };
 
 // Throws c10::Error (ValueError/TypeError/RuntimeError in Python) naming the
-// first problem found. Mutates nothing.
+// first problem found. Mutates nothing. It is check_asgd_header, then
+// check_asgd_entry for every index; a kernel may run those itself, to read
+// each entry's pointers in the same pass that checks it (with thousands of
+// small tensors the step's cost is fetching their metadata into cache), as
+// long as it writes nothing before the last entry was checked.
 void check_asgd_args(const ASGDArgs& a);
+// The list lengths, the hyperparameters, lr/grad_scale/found_inf, and that
+// params[0] and steps[0] (which give the device and the state dtype) exist.
+void check_asgd_header(const ASGDArgs& a);
+// Entry i of every list, against params[0]'s device and steps[0]'s dtype.
+void check_asgd_entry(const ASGDArgs& a, size_t i, const c10::Device& device,
+                      at::ScalarType state_dtype);
 
 // The arguments of either asgd_ overload (float lr or tensor lr), read from
 // the top of the dispatcher's stack without copying the tensor lists.

@@ -22,18 +22,30 @@
 namespace torchext {
 namespace {
 
+// The lists are held boxed (c10::List, what the dispatcher passes to the
+// boxed kernels): a call pushes each list as one IValue, so no tensor of a
+// held list is converted or refcounted per step; only grads are refilled.
+c10::List<at::Tensor> boxed(std::vector<at::Tensor> ts) {
+  c10::List<at::Tensor> l;
+  l.reserve(ts.size());
+  for (auto& t : ts) l.push_back(std::move(t));
+  return l;
+}
+
 struct ASGDPlan : torch::CustomClassHolder {
-  std::vector<at::Tensor> params, grads, axs, mus, etas, steps;
+  c10::List<at::Tensor> params, grads, axs, mus, etas, steps;
+  torch::jit::Stack stack;
 
   ASGDPlan(std::vector<at::Tensor> params_, std::vector<at::Tensor> axs_,
            std::vector<at::Tensor> mus_, std::vector<at::Tensor> etas_,
            std::vector<at::Tensor> steps_)
-      : params(std::move(params_)),
-        axs(std::move(axs_)),
-        mus(std::move(mus_)),
-        etas(std::move(etas_)),
-        steps(std::move(steps_)) {
+      : params(boxed(std::move(params_))),
+        axs(boxed(std::move(axs_))),
+        mus(boxed(std::move(mus_))),
+        etas(boxed(std::move(etas_))),
+        steps(boxed(std::move(steps_))) {
     grads.reserve(params.size());
+    stack.reserve(kASGDNumArgs);
   }
 
   // One step of asgd_ over the held lists with every param's current .grad.
@@ -45,29 +57,31 @@ struct ASGDPlan : torch::CustomClassHolder {
            const std::optional<at::Tensor>& grad_scale,
            const std::optional<at::Tensor>& found_inf) {
     grads.clear();
-    for (const auto& p : params) {
-      const at::Tensor& g = p.grad();
-      if (!g.defined()) return false;
+    for (const c10::IValue& p : params.vec()) {
+      const at::Tensor& g = p.toTensor().grad();
+      if (!g.defined()) {
+        grads.clear();
+        return false;
+      }
       grads.push_back(g);
     }
-    const auto& float_lr = asgd_op();
-    const auto& tensor_lr = asgd_tensor_lr_op();
-    const c10::DispatchKeySet meta(c10::DispatchKey::Meta);
+    const c10::OperatorHandle& op = lr_tensor.has_value()
+                                        ? static_cast<const c10::OperatorHandle&>(asgd_tensor_lr_op())
+                                        : asgd_op();
+    stack.clear();
+    torch::jit::push(stack, params, grads, axs, mus, etas, steps);
     if (lr_tensor.has_value()) {
-      if (validate_only) {
-        tensor_lr.redispatch(meta, params, grads, axs, mus, etas, steps, *lr_tensor, lambd, alpha,
-                             t0, weight_decay, maximize, grad_scale, found_inf);
-      } else {
-        tensor_lr.call(params, grads, axs, mus, etas, steps, *lr_tensor, lambd, alpha, t0,
-                       weight_decay, maximize, grad_scale, found_inf);
-      }
-    } else if (validate_only) {
-      float_lr.redispatch(meta, params, grads, axs, mus, etas, steps, lr, lambd, alpha, t0,
-                          weight_decay, maximize, grad_scale, found_inf);
+      torch::jit::push(stack, *lr_tensor);
     } else {
-      float_lr.call(params, grads, axs, mus, etas, steps, lr, lambd, alpha, t0, weight_decay,
-                    maximize, grad_scale, found_inf);
+      torch::jit::push(stack, lr);
     }
+    torch::jit::push(stack, lambd, alpha, t0, weight_decay, maximize, grad_scale, found_inf);
+    if (validate_only) {
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &stack);
+    } else {
+      op.callBoxed(&stack);
+    }
+    stack.clear();
     grads.clear();  // hold no grad between steps
     return true;
   }

@@ -15,26 +15,56 @@
 namespace torchext {
 namespace {
 
+// Where one tensor's step/eta/mu live (validated: float32 or float64, one
+// element, on the CPU), so the schedule is written without touching the
+// tensors' metadata again.
+struct ScalarSlots {
+  void* step;
+  void* eta;
+  void* mu;
+};
+
+template <typename T>
+void write_schedule(const std::vector<ScalarSlots>& slots, const ASGDArgs& a, double lr) {
+  for (const ScalarSlots& s : slots) {
+    const double step = static_cast<double>(*static_cast<T*>(s.step)) + 1.0;
+    *static_cast<T*>(s.step) = static_cast<T>(step);
+    *static_cast<T*>(s.eta) = static_cast<T>(math::asgd_eta(lr, a.lambd, a.alpha, step));
+    *static_cast<T*>(s.mu) = static_cast<T>(math::asgd_mu(a.t0, step));
+  }
+}
+
+template <typename T>
+double load(const at::Tensor& t, void*& slot) {
+  slot = t.mutable_data_ptr();
+  return static_cast<double>(*static_cast<T*>(slot));
+}
+
 void asgd_cpu_impl(const ASGDArgs& a) {
-  check_asgd_args(a);
+  check_asgd_header(a);
   const size_t n = a.params.size();
   if (n == 0) return;
-  if (a.found_inf.has_value() && read_cpu_scalar(*a.found_inf) != 0.0) {
-    return;  // overflow this iteration: the whole step is a no-op
-  }
+  const c10::Device device = a.params[0].device();
+  const at::ScalarType state_dtype = a.steps[0].scalar_type();
+  const bool state_is_double = state_dtype == at::kDouble;
   const bool unscale = a.grad_scale.has_value();
   // torch's GradScaler unscales with a float32 reciprocal computed in double.
   const float inv_scale =
       unscale ? static_cast<float>(1.0 / read_cpu_scalar(*a.grad_scale)) : 1.0f;
   const double lr = a.lr_tensor.has_value() ? read_cpu_scalar(*a.lr_tensor) : a.lr;
 
-  // Raw pointers are taken here, on the calling thread, not in the workers.
-  // Tensors that can be walked as flat memory (the common case) are used in
-  // place, without making views; the others go through DenseTriple.
+  // One pass checks each entry and takes its raw pointers (on the calling
+  // thread, not in the workers): with thousands of small tensors the cost is
+  // bringing each tensor's metadata into cache, so it is done once. Nothing
+  // is written until every entry has been checked. Tensors that can be
+  // walked as flat memory (the common case) are used in place, without
+  // making views; the others go through DenseTriple.
   std::vector<cpu::ASGDSpan> spans(n);
   std::vector<int64_t> numels(n);
+  std::vector<ScalarSlots> slots(n);
   std::vector<DenseTriple> copies;  // kept alive until written back
   for (size_t i = 0; i < n; ++i) {
+    check_asgd_entry(a, i, device, state_dtype);
     const at::Tensor& p = a.params[i];
     const at::Tensor& g = a.grads[i];
     const at::Tensor& ax = a.axs[i];
@@ -58,9 +88,22 @@ void asgd_cpu_impl(const ASGDArgs& a) {
       dtype = d.p.scalar_type();
       numel = d.p.numel();
     }
-    spans[i] = {dtype, pp, pax, pg, numel, read_cpu_scalar(a.etas[i]), read_cpu_scalar(a.mus[i]),
-                a.lambd, a.weight_decay, a.maximize, unscale, inv_scale};
+    ScalarSlots& slot = slots[i];
+    double eta, mu;
+    if (state_is_double) {
+      eta = load<double>(a.etas[i], slot.eta);
+      mu = load<double>(a.mus[i], slot.mu);
+    } else {
+      eta = load<float>(a.etas[i], slot.eta);
+      mu = load<float>(a.mus[i], slot.mu);
+    }
+    slot.step = a.steps[i].mutable_data_ptr();
+    spans[i] = {dtype, pp, pax, pg, numel, eta, mu, a.lambd, a.weight_decay, a.maximize,
+                unscale, inv_scale};
     numels[i] = numel;
+  }
+  if (a.found_inf.has_value() && read_cpu_scalar(*a.found_inf) != 0.0) {
+    return;  // overflow this iteration: the whole step is a no-op
   }
   const auto& isa = cpu::kernels();
   cpu::for_each_chunk(numels, [&](const cpu::Chunk& ch) {
@@ -76,11 +119,10 @@ void asgd_cpu_impl(const ASGDArgs& a) {
   for (auto& d : copies) d.write_back();
   // The schedule, from the incremented step, once every chunk has read the
   // old eta and mu.
-  for (size_t i = 0; i < n; ++i) {
-    const double step = read_cpu_scalar(a.steps[i]) + 1.0;
-    write_cpu_scalar(a.steps[i], step);
-    write_cpu_scalar(a.etas[i], math::asgd_eta(lr, a.lambd, a.alpha, step));
-    write_cpu_scalar(a.mus[i], math::asgd_mu(a.t0, step));
+  if (state_is_double) {
+    write_schedule<double>(slots, a, lr);
+  } else {
+    write_schedule<float>(slots, a, lr);
   }
 }
 
