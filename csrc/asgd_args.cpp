@@ -1,6 +1,9 @@
 #include "asgd_args.h"
 
+#include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
+
+#include <utility>
 
 namespace torchext {
 namespace {
@@ -54,9 +57,15 @@ ASGDArgs asgd_args_from_stack(const torch::jit::Stack& stack) {
   a.params = TensorRefs(v[0].toListRef());
   a.grads = TensorRefs(v[1].toListRef());
   a.axs = TensorRefs(v[2].toListRef());
-  a.mus = TensorRefs(v[3].toListRef());
-  a.etas = TensorRefs(v[4].toListRef());
-  a.steps = TensorRefs(v[5].toListRef());
+  if (v[5].isTensor()) {  // a .packed overload
+    a.packed_mus = v[3].toTensor();
+    a.packed_etas = v[4].toTensor();
+    a.packed_steps = v[5].toTensor();
+  } else {
+    a.mus = TensorRefs(v[3].toListRef());
+    a.etas = TensorRefs(v[4].toListRef());
+    a.steps = TensorRefs(v[5].toListRef());
+  }
   if (v[6].isTensor()) {
     a.lr_tensor = v[6].toTensor();
   } else {
@@ -70,6 +79,30 @@ ASGDArgs asgd_args_from_stack(const torch::jit::Stack& stack) {
   a.grad_scale = v[12].toOptional<at::Tensor>();
   a.found_inf = v[13].toOptional<at::Tensor>();
   return a;
+}
+
+namespace {
+void* element_ptr(const at::Tensor& packed, size_t i) {
+  return static_cast<char*>(packed.data_ptr()) + i * packed.element_size();
+}
+}  // namespace
+
+void* ASGDArgs::mu_ptr(size_t i) const {
+  return packed() ? element_ptr(packed_mus, i) : mus[i].data_ptr();
+}
+void* ASGDArgs::eta_ptr(size_t i) const {
+  return packed() ? element_ptr(packed_etas, i) : etas[i].data_ptr();
+}
+void* ASGDArgs::step_ptr(size_t i) const {
+  return packed() ? element_ptr(packed_steps, i) : steps[i].data_ptr();
+}
+
+const c10::OperatorHandle& asgd_packed_op(bool tensor_lr) {
+  static const auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("torchext::asgd_", "packed");
+  static const auto op_tensor_lr =
+      c10::Dispatcher::singleton().findSchemaOrThrow("torchext::asgd_", "packed_tensor_lr");
+  return tensor_lr ? op_tensor_lr : op;
 }
 
 const c10::TypedOperatorHandle<AsgdOp>& asgd_op() {
@@ -107,14 +140,51 @@ void check_found_inf(const char* op, const at::Tensor& found_inf,
               found_inf.device(), " but the tensors are on ", device);
 }
 
+// The .packed overloads' mus, etas and steps: one 1-D tensor each, an
+// element per param, one float dtype and one device, not overlapping.
+static void check_packed_state(const ASGDArgs& a) {
+  const size_t n = a.params.size();
+  const std::pair<const char*, const at::Tensor*> state[] = {
+      {"mus", &a.packed_mus}, {"etas", &a.packed_etas}, {"steps", &a.packed_steps}};
+  for (const auto& [name, t] : state) {
+    TORCH_CHECK(t->layout() == at::kStrided, "asgd_: ", name, " must be a strided (dense) tensor");
+    TORCH_CHECK_TYPE(t->scalar_type() == at::kFloat || t->scalar_type() == at::kDouble,
+                     "asgd_: ", name, " must be a float32 or float64 tensor, got ",
+                     t->scalar_type());
+    TORCH_CHECK_TYPE(t->scalar_type() == a.packed_steps.scalar_type(),
+                     "asgd_: mus, etas and steps must share one dtype; steps is ",
+                     a.packed_steps.scalar_type(), " but ", name, " is ", t->scalar_type());
+    TORCH_CHECK_VALUE(t->dim() == 1 && t->sym_size(0) == static_cast<int64_t>(n),
+                      "asgd_: ", name, " must be a 1-D tensor with one element per param (",
+                      n, "), got shape ", t->sym_sizes());
+    TORCH_CHECK_VALUE(t->is_contiguous(), "asgd_: ", name, " must be contiguous");
+    TORCH_CHECK(t->device() == a.packed_steps.device(), "asgd_: ", name, " is on ",
+                t->device(), " but steps is on ", a.packed_steps.device());
+  }
+  if (a.packed_steps.is_meta()) return;  // no memory to overlap
+  for (size_t i = 0; i < 3; ++i) {
+    for (size_t j = i + 1; j < 3; ++j) {
+      TORCH_CHECK(at::get_overlap_status(*state[i].second, *state[j].second) ==
+                      at::MemOverlapStatus::No,
+                  "asgd_: ", state[i].first, " and ", state[j].first, " overlap in memory");
+    }
+  }
+}
+
 void check_asgd_header(const ASGDArgs& a) {
   const size_t n = a.params.size();
-  TORCH_CHECK_VALUE(
-      a.grads.size() == n && a.axs.size() == n && a.mus.size() == n &&
-          a.etas.size() == n && a.steps.size() == n,
-      "asgd_: params, grads, axs, mus, etas and steps must have the same length, got ",
-      n, ", ", a.grads.size(), ", ", a.axs.size(), ", ", a.mus.size(), ", ",
-      a.etas.size(), " and ", a.steps.size());
+  if (a.packed()) {
+    TORCH_CHECK_VALUE(a.grads.size() == n && a.axs.size() == n,
+                      "asgd_: params, grads and axs must have the same length, got ", n, ", ",
+                      a.grads.size(), " and ", a.axs.size());
+  } else {
+    TORCH_CHECK_VALUE(
+        a.grads.size() == n && a.axs.size() == n && a.mus.size() == n &&
+            a.etas.size() == n && a.steps.size() == n,
+        "asgd_: params, grads, axs, mus, etas and steps must have the same length, got ",
+        n, ", ", a.grads.size(), ", ", a.axs.size(), ", ", a.mus.size(), ", ",
+        a.etas.size(), " and ", a.steps.size());
+  }
 
   if (a.lr_tensor.has_value()) {
     const at::Tensor& lr = *a.lr_tensor;
@@ -134,10 +204,16 @@ void check_asgd_header(const ASGDArgs& a) {
   TORCH_CHECK_VALUE(a.alpha >= 0.0, "asgd_: invalid alpha value: ", a.alpha, " (must be >= 0)");
   TORCH_CHECK_VALUE(a.weight_decay >= 0.0, "asgd_: invalid weight_decay value: ",
                     a.weight_decay, " (must be >= 0)");
+  if (a.packed()) check_packed_state(a);
   if (n == 0) return;
   TORCH_CHECK(a.params[0].defined(), "asgd_: params[0] is undefined");
-  TORCH_CHECK(a.steps[0].defined(), "asgd_: steps[0] is undefined");
+  if (!a.packed()) TORCH_CHECK(a.steps[0].defined(), "asgd_: steps[0] is undefined");
   const c10::Device device = a.params[0].device();
+  if (a.packed()) {
+    TORCH_CHECK(a.packed_steps.device() == device, "asgd_: steps is on ",
+                a.packed_steps.device(), " but params[0] is on ", device,
+                "; optimizer state must live on the parameters' device");
+  }
   if (a.lr_tensor.has_value()) {
     const auto& lr = *a.lr_tensor;
     TORCH_CHECK(lr.device() == device || lr.device().is_cpu(), "asgd_: a tensor lr must be on the CPU or on ",
@@ -188,6 +264,7 @@ void check_asgd_entry(const ASGDArgs& a, size_t i, const c10::Device& device,
               " but params[", i, "] is on ", device);
   TORCH_CHECK(!ax.is_alias_of(p) && !g.is_alias_of(p) && !ax.is_alias_of(g),
               "asgd_: params[", i, "], grads[", i, "] and axs[", i, "] must not share memory");
+  if (a.packed()) return;  // checked as a whole by check_asgd_header
   check_state_scalar("mus", i, a.mus[i], device);
   check_state_scalar("etas", i, a.etas[i], device);
   check_state_scalar("steps", i, a.steps[i], device);
@@ -204,7 +281,7 @@ void check_asgd_args(const ASGDArgs& a) {
   check_asgd_header(a);
   if (a.params.empty()) return;
   const c10::Device device = a.params[0].device();
-  const at::ScalarType state_dtype = a.steps[0].scalar_type();
+  const at::ScalarType state_dtype = a.state_dtype();
   for (size_t i = 0; i < a.params.size(); ++i) check_asgd_entry(a, i, device, state_dtype);
 }
 

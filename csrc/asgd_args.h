@@ -33,12 +33,25 @@ class TensorRefs {
 };
 
 struct ASGDArgs {
-  TensorRefs params, grads, axs, mus, etas, steps;
+  TensorRefs params, grads, axs;
+  // The schedule state: lists of one-element tensors, or (the .packed
+  // overloads) one 1-D tensor each, element i for params[i].
+  TensorRefs mus, etas, steps;
   double lr = 0.0;                      // used when lr_tensor is empty
   std::optional<at::Tensor> lr_tensor;  // the 0-d tensor-lr overload
   double lambd = 0.0, alpha = 0.0, t0 = 0.0, weight_decay = 0.0;
   bool maximize = false;
   std::optional<at::Tensor> grad_scale, found_inf;
+  at::Tensor packed_mus, packed_etas, packed_steps;  // defined for .packed
+
+  bool packed() const { return packed_steps.defined(); }
+  // Where entry i's mu/eta/step live (float or double, see state_dtype()).
+  void* mu_ptr(size_t i) const;
+  void* eta_ptr(size_t i) const;
+  void* step_ptr(size_t i) const;
+  at::ScalarType state_dtype() const {
+    return packed() ? packed_steps.scalar_type() : steps[0].scalar_type();
+  }
 };
 
 // Throws c10::Error (ValueError/TypeError/RuntimeError in Python) naming the
@@ -55,8 +68,9 @@ void check_asgd_header(const ASGDArgs& a);
 void check_asgd_entry(const ASGDArgs& a, size_t i, const c10::Device& device,
                       at::ScalarType state_dtype);
 
-// The arguments of either asgd_ overload (float lr or tensor lr), read from
-// the top of the dispatcher's stack without copying the tensor lists.
+// The arguments of any asgd_ overload (float or tensor lr, state in lists or
+// packed), read from the top of the dispatcher's stack without copying the
+// tensor lists.
 constexpr size_t kASGDNumArgs = 14;
 ASGDArgs asgd_args_from_stack(const torch::jit::Stack& stack);
 
@@ -66,13 +80,17 @@ void asgd_boxed(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   torch::jit::drop(*stack, kASGDNumArgs);
 }
 
-// Registers Impl for both overloads of asgd_ on one dispatch key, as a boxed
+// Registers Impl for every overload of asgd_ on one dispatch key, as a boxed
 // kernel (see TensorRefs; C++ callers of the typed op get boxed once by the
 // dispatcher, which costs what the unboxed kernel's copy did).
+constexpr const char* kASGDOverloads[] = {"asgd_", "asgd_.tensor_lr", "asgd_.packed",
+                                           "asgd_.packed_tensor_lr"};
+
 template <void (*Impl)(const ASGDArgs&)>
 void register_asgd_kernels(torch::Library& m) {
-  m.impl("asgd_", torch::CppFunction::makeFromBoxedFunction<&asgd_boxed<Impl>>());
-  m.impl("asgd_.tensor_lr", torch::CppFunction::makeFromBoxedFunction<&asgd_boxed<Impl>>());
+  for (const char* name : kASGDOverloads) {
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&asgd_boxed<Impl>>());
+  }
 }
 
 // The two overloads of asgd_ as typed dispatcher handles, for C++ callers
@@ -87,6 +105,8 @@ using AsgdTensorLrOp = void(at::TensorList, at::TensorList, at::TensorList, at::
                             const std::optional<at::Tensor>&);
 const c10::TypedOperatorHandle<AsgdOp>& asgd_op();
 const c10::TypedOperatorHandle<AsgdTensorLrOp>& asgd_tensor_lr_op();
+// The .packed overloads, called boxed (by the Python optimizer's C++ plan).
+const c10::OperatorHandle& asgd_packed_op(bool tensor_lr);
 
 // Reads a 1-element float/double/int tensor that lives on the CPU.
 double read_cpu_scalar(const at::Tensor& t);

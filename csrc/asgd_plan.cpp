@@ -4,12 +4,13 @@
 // Why: with thousands of small tensors the step's cost is per tensor, and
 // most of it was Python handing six lists (params, grads, axs, mus, etas,
 // steps) to the dispatcher at every step, each tensor converted on its own.
-// The plan keeps params and state once; a step reads each param's .grad here
-// and calls the same torchext::asgd_ op through the dispatcher, so the
-// validation, kernels and autograd bookkeeping are exactly those of a call
-// from Python. The Python side (ASGD._GroupPlan) decides when a plan still
-// holds (same params, same state tensors) and never uses one while
-// torch.compile traces.
+// The plan keeps params and axs once, and step/eta/mu packed into one 1-D
+// tensor each (the optimizer's state entries are views of their elements);
+// a step reads each param's .grad here and calls torchext::asgd_.packed
+// through the dispatcher, so the validation, kernels and autograd
+// bookkeeping are exactly those of a call from Python. The Python side
+// (ASGD._GroupPlan) decides when a plan still holds (same params, same state
+// tensors) and never uses one while torch.compile traces.
 #include "asgd_args.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -33,25 +34,26 @@ c10::List<at::Tensor> boxed(std::vector<at::Tensor> ts) {
 }
 
 struct ASGDPlan : torch::CustomClassHolder {
-  c10::List<at::Tensor> params, grads, axs, mus, etas, steps;
+  c10::List<at::Tensor> params, grads, axs;
+  at::Tensor mus, etas, steps;  // packed: element i belongs to params[i]
   torch::jit::Stack stack;
 
-  ASGDPlan(std::vector<at::Tensor> params_, std::vector<at::Tensor> axs_,
-           std::vector<at::Tensor> mus_, std::vector<at::Tensor> etas_,
-           std::vector<at::Tensor> steps_)
+  ASGDPlan(std::vector<at::Tensor> params_, std::vector<at::Tensor> axs_, at::Tensor mus_,
+           at::Tensor etas_, at::Tensor steps_)
       : params(boxed(std::move(params_))),
         axs(boxed(std::move(axs_))),
-        mus(boxed(std::move(mus_))),
-        etas(boxed(std::move(etas_))),
-        steps(boxed(std::move(steps_))) {
+        mus(std::move(mus_)),
+        etas(std::move(etas_)),
+        steps(std::move(steps_)) {
     grads.reserve(params.size());
     stack.reserve(kASGDNumArgs);
   }
 
-  // One step of asgd_ over the held lists with every param's current .grad.
-  // validate_only: the op's Meta kernel (its validation alone, which writes
-  // nothing) on the real tensors. Returns false, having done nothing, when a
-  // param has no grad: the caller then takes the general path.
+  // One step of asgd_.packed over the held lists with every param's current
+  // .grad. validate_only: the op's Meta kernel (its validation alone, which
+  // writes nothing) on the real tensors. Returns false, having done
+  // nothing, when a param has no grad: the caller then takes the general
+  // path.
   bool run(bool validate_only, const std::optional<at::Tensor>& lr_tensor, double lr,
            double lambd, double alpha, double t0, double weight_decay, bool maximize,
            const std::optional<at::Tensor>& grad_scale,
@@ -65,9 +67,6 @@ struct ASGDPlan : torch::CustomClassHolder {
       }
       grads.push_back(g);
     }
-    const c10::OperatorHandle& op = lr_tensor.has_value()
-                                        ? static_cast<const c10::OperatorHandle&>(asgd_tensor_lr_op())
-                                        : asgd_op();
     stack.clear();
     torch::jit::push(stack, params, grads, axs, mus, etas, steps);
     if (lr_tensor.has_value()) {
@@ -76,6 +75,7 @@ struct ASGDPlan : torch::CustomClassHolder {
       torch::jit::push(stack, lr);
     }
     torch::jit::push(stack, lambd, alpha, t0, weight_decay, maximize, grad_scale, found_inf);
+    const c10::OperatorHandle& op = asgd_packed_op(lr_tensor.has_value());
     if (validate_only) {
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &stack);
     } else {
@@ -91,8 +91,8 @@ struct ASGDPlan : torch::CustomClassHolder {
 
 TORCH_LIBRARY_FRAGMENT(torchext, m) {
   m.class_<ASGDPlan>("ASGDPlan")
-      .def(torch::init<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>,
-                       std::vector<at::Tensor>, std::vector<at::Tensor>>())
+      .def(torch::init<std::vector<at::Tensor>, std::vector<at::Tensor>, at::Tensor, at::Tensor,
+                       at::Tensor>())
       .def("run", &ASGDPlan::run);
 }
 

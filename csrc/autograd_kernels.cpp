@@ -9,6 +9,8 @@
 // every tensor argument several times (requires_grad, hooks for a warning),
 // which with thousands of parameters was the largest single per-tensor cost
 // of an ASGD step after the argument conversion.
+#include "asgd_args.h"
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <c10/core/DispatchKeySet.h>
@@ -48,8 +50,10 @@ void bump_written_then_redispatch(const c10::OperatorHandle& op, c10::DispatchKe
 }  // namespace
 
 TORCH_LIBRARY_IMPL(torchext, Autograd, m) {
-  for (const char* name : {"asgd_", "asgd_.tensor_lr", "check_finite_", "unscale_",
-                           "update_scale_", "swap_"}) {
+  for (const char* name : kASGDOverloads) {
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&bump_written_then_redispatch>());
+  }
+  for (const char* name : {"check_finite_", "unscale_", "update_scale_", "swap_"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&bump_written_then_redispatch>());
   }
 }

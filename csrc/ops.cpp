@@ -34,6 +34,22 @@ TORCH_LIBRARY(torchext, m) {
       "Tensor(c! -> *)[] mus, Tensor(d! -> *)[] etas, Tensor(e! -> *)[] steps, *, Tensor lr, "
       "float lambd, float alpha, float t0, float weight_decay, bool maximize, "
       "Tensor? grad_scale=None, Tensor? found_inf=None) -> ()");
+  // Same two, with the schedule state packed: mus, etas and steps are each
+  // one 1-D tensor whose element i belongs to params[i] (what
+  // torchext.optim.ASGD's per-group plan passes: its state entries are views
+  // of these). Per tensor the op then reads and writes three array elements
+  // instead of three 0-d tensors, the largest per-tensor cost left in a step
+  // of thousands of small tensors.
+  m.def(
+      "asgd_.packed(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, "
+      "Tensor(c!) mus, Tensor(d!) etas, Tensor(e!) steps, *, float lr, "
+      "float lambd, float alpha, float t0, float weight_decay, bool maximize, "
+      "Tensor? grad_scale=None, Tensor? found_inf=None) -> ()");
+  m.def(
+      "asgd_.packed_tensor_lr(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, "
+      "Tensor(c!) mus, Tensor(d!) etas, Tensor(e!) steps, *, Tensor lr, "
+      "float lambd, float alpha, float t0, float weight_decay, bool maximize, "
+      "Tensor? grad_scale=None, Tensor? found_inf=None) -> ()");
   // Read-only inf/NaN check: sets found_inf to 1 if any element is not finite.
   m.def("check_finite_(Tensor[] tensors, Tensor(a!) found_inf) -> ()");
   // tensors *= inv_scale, and found_inf = 1 if any input element is not

@@ -337,3 +337,94 @@ def test_plan_groups_whose_grads_all_went_are_skipped_in_a_multi_group_step():
         for p in opt.param_groups[1]["params"]:
             p.grad = None
     both(ours, ref, drop_group)
+
+
+# --- the packed schedule state of a C++ plan ---------------------------------
+
+def one_group_pair(n=5, **kw):
+    params = [torch.nn.Parameter(torch.randn(4, 3, generator=torch.Generator().manual_seed(i)))
+              for i in range(n)]
+    ref_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    ours = ASGD(params, **KW, **kw)
+    ref = torch.optim.ASGD(ref_params, foreach=False, **KW, **kw)
+    return ours, ref
+
+
+def step_both(ours, ref, scale=0.1):
+    for i, (p, q) in enumerate(zip(ours.param_groups[0]["params"], ref.param_groups[0]["params"])):
+        p.grad = torch.full_like(p, scale * (i + 1))
+        q.grad = p.grad.clone()
+    ours.step()
+    ref.step()
+    assert_match(ours, ref)
+
+
+def test_plan_packs_step_eta_mu_into_views_with_the_same_values():
+    ours, ref = one_group_pair()
+    step_both(ours, ref)
+    first = [dict(ours.state[p]) for p in ours.param_groups[0]["params"]]
+    assert all(st["step"]._base is None for st in first)  # not packed before the plan
+    step_both(ours, ref)  # the plan is made after this step succeeded
+    assert ours._native_plan(ours.param_groups[0]) is not None
+    for st in (ours.state[p] for p in ours.param_groups[0]["params"]):
+        for k in ("step", "eta", "mu"):
+            assert st[k].dim() == 0 and st[k].dtype == torch.float32 and st[k]._base is not None
+    for _ in range(3):
+        step_both(ours, ref)  # through the packed plan
+
+
+def test_plan_notices_replaced_step_eta_mu_and_sees_in_place_writes():
+    ours, ref = one_group_pair()
+    for _ in range(3):
+        step_both(ours, ref)
+    p, q = ours.param_groups[0]["params"][3], ref.param_groups[0]["params"][3]
+    for key, value in (("step", 40.0), ("eta", 0.003), ("mu", 0.25)):
+        ours.state[p][key] = torch.tensor(value)  # a new tensor: the plan must notice
+        ref.state[q][key] = torch.tensor(value)
+        step_both(ours, ref)
+        step_both(ours, ref)  # (and a new plan packs it again)
+        ours.state[p][key].fill_(value / 2)  # in place, through the packed view
+        ref.state[q][key].fill_(value / 2)
+        step_both(ours, ref)
+
+
+def test_packed_state_dict_loads_into_torch_and_back_with_weights_only(tmp_path):
+    ours, ref = one_group_pair()
+    for _ in range(3):
+        step_both(ours, ref)
+    path = tmp_path / "opt.pt"
+    torch.save(ours.state_dict(), path)
+    loaded = torch.load(path, weights_only=True)
+    # into torch.optim.ASGD: it continues exactly as the reference does
+    twin = torch.optim.ASGD([torch.nn.Parameter(p.detach().clone())
+                             for p in ours.param_groups[0]["params"]], foreach=False, **KW)
+    twin.load_state_dict(loaded)
+    for a, b in zip(twin.param_groups[0]["params"], ref.param_groups[0]["params"]):
+        a.grad = torch.full_like(a, 0.7)
+        b.grad = a.grad.clone()
+    twin.step()
+    ref.step()
+    for a, b in zip(twin.param_groups[0]["params"], ref.param_groups[0]["params"]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        for k in ("ax", "step", "eta", "mu"):
+            torch.testing.assert_close(twin.state[a][k], ref.state[b][k], rtol=0, atol=0)
+    # and back into ours
+    again = ASGD([torch.nn.Parameter(p.detach().clone()) for p in twin.param_groups[0]["params"]],
+                 **KW)
+    again.load_state_dict(twin.state_dict())
+    for _ in range(3):
+        step_both(again, ref)
+
+
+def test_rejected_first_planned_step_packs_nothing():
+    ours, _ = one_group_pair()
+    for p in ours.param_groups[0]["params"]:
+        p.grad = torch.ones_like(p)
+    ours.step()  # state exists now; the next successful step would make the plan
+    p = ours.param_groups[0]["params"][4]
+    set_grad_data(p, torch.ones(4, 3, dtype=torch.float64))
+    held = [ours.state[q]["step"] for q in ours.param_groups[0]["params"]]
+    with pytest.raises(TypeError, match="dtype"):
+        ours.step()
+    assert ours._native_plan(ours.param_groups[0]) is None
+    assert all(ours.state[q]["step"] is t for q, t in zip(ours.param_groups[0]["params"], held))

@@ -55,6 +55,10 @@ class TestSchemas(expecttest.TestCase):
 torchext::asgd_(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, Tensor(c! -> *)[] mus, Tensor(d! -> *)[] etas, Tensor(e! -> *)[] steps, *, float lr, float lambd, float alpha, float t0, float weight_decay, bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None) -> ()""")
         self.assertExpectedInline(str(ops.asgd_.tensor_lr._schema), """\
 torchext::asgd_.tensor_lr(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, Tensor(c! -> *)[] mus, Tensor(d! -> *)[] etas, Tensor(e! -> *)[] steps, *, Tensor lr, float lambd, float alpha, float t0, float weight_decay, bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None) -> ()""")
+        self.assertExpectedInline(str(ops.asgd_.packed._schema), """\
+torchext::asgd_.packed(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, Tensor(c!) mus, Tensor(d!) etas, Tensor(e!) steps, *, float lr, float lambd, float alpha, float t0, float weight_decay, bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None) -> ()""")
+        self.assertExpectedInline(str(ops.asgd_.packed_tensor_lr._schema), """\
+torchext::asgd_.packed_tensor_lr(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, Tensor(c!) mus, Tensor(d!) etas, Tensor(e!) steps, *, Tensor lr, float lambd, float alpha, float t0, float weight_decay, bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None) -> ()""")
         self.assertExpectedInline(str(ops.check_finite_.default._schema), """\
 torchext::check_finite_(Tensor[] tensors, Tensor(a!) found_inf) -> ()""")
         self.assertExpectedInline(str(ops.unscale_.default._schema), """\
@@ -144,7 +148,8 @@ def test_opcheck_cuda(idx):
 
 
 def test_every_op_has_cpu_meta_and_cuda_kernels():
-    for name in ("asgd_", "asgd_.tensor_lr", "check_finite_", "unscale_", "update_scale_"):
+    for name in ("asgd_", "asgd_.tensor_lr", "asgd_.packed", "asgd_.packed_tensor_lr",
+                 "check_finite_", "unscale_", "update_scale_"):
         dump = torch._C._dispatch_dump(f"torchext::{name}")
         assert "\nCPU: registered" in dump and "\nMeta: registered" in dump, dump
         if torchext.has_cuda_kernels():

@@ -15,9 +15,9 @@
 namespace torchext {
 namespace {
 
-// Where one tensor's step/eta/mu live (validated: float32 or float64, one
-// element, on the CPU), so the schedule is written without touching the
-// tensors' metadata again.
+// Where one tensor's step/eta/mu live (validated: float32 or float64, on
+// the CPU), so the schedule is written without touching the tensors'
+// metadata again.
 struct ScalarSlots {
   void* step;
   void* eta;
@@ -35,8 +35,7 @@ void write_schedule(const std::vector<ScalarSlots>& slots, const ASGDArgs& a, do
 }
 
 template <typename T>
-double load(const at::Tensor& t, void*& slot) {
-  slot = t.mutable_data_ptr();
+double load(void* slot) {
   return static_cast<double>(*static_cast<T*>(slot));
 }
 
@@ -45,7 +44,7 @@ void asgd_cpu_impl(const ASGDArgs& a) {
   const size_t n = a.params.size();
   if (n == 0) return;
   const c10::Device device = a.params[0].device();
-  const at::ScalarType state_dtype = a.steps[0].scalar_type();
+  const at::ScalarType state_dtype = a.state_dtype();
   const bool state_is_double = state_dtype == at::kDouble;
   const bool unscale = a.grad_scale.has_value();
   // torch's GradScaler unscales with a float32 reciprocal computed in double.
@@ -56,7 +55,8 @@ void asgd_cpu_impl(const ASGDArgs& a) {
   // One pass checks each entry and takes its raw pointers (on the calling
   // thread, not in the workers): with thousands of small tensors the cost is
   // bringing each tensor's metadata into cache, so it is done once. Nothing
-  // is written until every entry has been checked. Tensors that can be
+  // is written until every entry has been checked (DenseTriple only makes
+  // temporaries). Tensors that can be
   // walked as flat memory (the common case) are used in place, without
   // making views; the others go through DenseTriple.
   std::vector<cpu::ASGDSpan> spans(n);
@@ -89,15 +89,9 @@ void asgd_cpu_impl(const ASGDArgs& a) {
       numel = d.p.numel();
     }
     ScalarSlots& slot = slots[i];
-    double eta, mu;
-    if (state_is_double) {
-      eta = load<double>(a.etas[i], slot.eta);
-      mu = load<double>(a.mus[i], slot.mu);
-    } else {
-      eta = load<float>(a.etas[i], slot.eta);
-      mu = load<float>(a.mus[i], slot.mu);
-    }
-    slot.step = a.steps[i].mutable_data_ptr();
+    slot = {a.step_ptr(i), a.eta_ptr(i), a.mu_ptr(i)};
+    const double eta = state_is_double ? load<double>(slot.eta) : load<float>(slot.eta);
+    const double mu = state_is_double ? load<double>(slot.mu) : load<float>(slot.mu);
     spans[i] = {dtype, pp, pax, pg, numel, eta, mu, a.lambd, a.weight_decay, a.maximize,
                 unscale, inv_scale};
     numels[i] = numel;

@@ -98,13 +98,33 @@ __global__ void asgd_schedule_kernel(ScheduleMeta meta, ScheduleArgs args) {
   store_scalar(meta.mu[i], args.state_is_double, math::asgd_mu(args.t0, step));
 }
 
+// The same for packed state (asgd_.packed): element i of each array.
+__global__ void asgd_packed_schedule_kernel(void* steps, void* etas, void* mus, int64_t n,
+                                            ScheduleArgs args) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  if (args.found_inf != nullptr && *args.found_inf != 0.f) return;
+  const double lr = args.lr_ptr != nullptr ? load_scalar(args.lr_ptr, args.lr_is_double)
+                                           : args.lr_value;
+  const size_t size = args.state_is_double ? sizeof(double) : sizeof(float);
+  void* step_p = static_cast<char*>(steps) + i * size;
+  const double step = load_scalar(step_p, args.state_is_double) + 1.0;
+  store_scalar(step_p, args.state_is_double, step);
+  store_scalar(static_cast<char*>(etas) + i * size, args.state_is_double,
+               math::asgd_eta(lr, args.lambd, args.alpha, step));
+  store_scalar(static_cast<char*>(mus) + i * size, args.state_is_double,
+               math::asgd_mu(args.t0, step));
+}
+
 void asgd_cuda_impl(const ASGDArgs& a) {
-  check_asgd_args(a);
+  check_asgd_header(a);
   const size_t n = a.params.size();
   if (n == 0) return;
-  const c10::cuda::CUDAGuard guard(a.params[0].device());
+  const c10::Device device = a.params[0].device();
+  const at::ScalarType state_dtype = a.state_dtype();
+  const c10::cuda::CUDAGuard guard(device);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const bool state_is_double = a.steps[0].scalar_type() == at::kDouble;
+  const bool state_is_double = state_dtype == at::kDouble;
 
   ASGDKernelArgs kargs{};
   kargs.found_inf = a.found_inf ? a.found_inf->const_data_ptr<float>() : nullptr;
@@ -117,15 +137,18 @@ void asgd_cuda_impl(const ASGDArgs& a) {
   // Tensors grouped by (real) dtype: one launch series per group. Few
   // dtypes ever occur, so a linear search beats a map. Tensors that can be
   // walked as flat memory are used in place; the others go through
-  // DenseTriple temporaries, written back after the launches.
+  // DenseTriple temporaries, written back after the launches. Each entry is
+  // checked in the same pass that reads its pointers (see check_asgd_args);
+  // nothing is launched before the last one was checked (DenseTriple only
+  // makes temporaries).
   std::vector<std::pair<at::ScalarType, std::vector<TensorEntry<kASGDDepth>>>> groups;
   std::vector<DenseTriple> copies;
   for (size_t i = 0; i < n; ++i) {
+    check_asgd_entry(a, i, device, state_dtype);
     const at::Tensor& p = a.params[i];
     const at::Tensor& g = a.grads[i];
     const at::Tensor& ax = a.axs[i];
-    TensorEntry<kASGDDepth> e{{nullptr, nullptr, nullptr, a.etas[i].data_ptr(),
-                               a.mus[i].data_ptr()},
+    TensorEntry<kASGDDepth> e{{nullptr, nullptr, nullptr, a.eta_ptr(i), a.mu_ptr(i)},
                               p.numel()};
     at::ScalarType dtype = p.scalar_type();
     if (is_flat_triple(p, g, ax)) {
@@ -181,11 +204,20 @@ void asgd_cuda_impl(const ASGDArgs& a) {
     // A CPU lr tensor is read on the host: no device sync involved.
     sargs.lr_value = a.lr_tensor.has_value() ? read_cpu_scalar(*a.lr_tensor) : a.lr;
   }
+  if (a.packed()) {
+    // Packed state: one launch over the three arrays.
+    const int threads = 256;
+    const int blocks = static_cast<int>((n + threads - 1) / threads);
+    asgd_packed_schedule_kernel<<<blocks, threads, 0, stream>>>(
+        a.step_ptr(0), a.eta_ptr(0), a.mu_ptr(0), static_cast<int64_t>(n), sargs);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
   ScheduleMeta smeta{};
   for (size_t i = 0; i < n; ++i) {
-    smeta.step[smeta.n] = a.steps[i].data_ptr();
-    smeta.eta[smeta.n] = a.etas[i].data_ptr();
-    smeta.mu[smeta.n] = a.mus[i].data_ptr();
+    smeta.step[smeta.n] = a.step_ptr(i);
+    smeta.eta[smeta.n] = a.eta_ptr(i);
+    smeta.mu[smeta.n] = a.mu_ptr(i);
     if (++smeta.n == kMaxScheduleTensors || i == n - 1) {
       asgd_schedule_kernel<<<1, kMaxScheduleTensors, 0, stream>>>(smeta, sargs);
       C10_CUDA_KERNEL_LAUNCH_CHECK();

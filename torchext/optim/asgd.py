@@ -170,10 +170,15 @@ class ASGD(GroupsAlias, Optimizer):
         state["mu"] = torch.ones((), device=p.device, dtype=_scalar_dtype())
         state["ax"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
-    def _group_lists(self, group, new_state) -> tuple[F.Route, list[list[Tensor]], Any] | None:
+    def _group_lists(self, group, new_state, to_plan=None
+                     ) -> tuple[F.Route, list[list[Tensor]], Any] | None:
         """(route, [params, grads, axs, mus, etas, steps], t0) of one group's
         step, or None when no param of the group has a grad. (The lists hold
-        local shards for DTensor params; t0 is matched on the params.)"""
+        local shards for DTensor params; t0 is matched on the params.)
+
+        When every param has a grad and its state, (group, route, lists) is
+        appended to ``to_plan``: step() makes the group's plan once the
+        step succeeded."""
         params = group["params"]
         compiling = torch.compiler.is_compiling()
         if not compiling:
@@ -189,9 +194,9 @@ class ASGD(GroupsAlias, Optimizer):
         if not p_:
             return None
         r = F.route(p_, group["fused"], group["differentiable"])
-        if not compiling and len(p_) == len(params) and len(new_state) == created:
-            # Every param has a grad and its state: reuse the lists next step.
-            self._plans[id(group)] = _GroupPlan(group, params, self.state, r, lists)
+        if (to_plan is not None and not compiling and len(p_) == len(params)
+                and len(new_state) == created):
+            to_plan.append((group, r, lists))
         return r, F.prepare(r, lists), _averaging.group_t0(group, p_)
 
     def step(self, closure=None):
@@ -213,6 +218,7 @@ class ASGD(GroupsAlias, Optimizer):
         found_inf = getattr(self, "found_inf", None)
         with torch.set_grad_enabled(self.defaults["differentiable"]):
             new_state: dict[Tensor, dict[str, Any]] = {}
+            to_plan: list = []  # groups whose plan is made once the step succeeded
             compiling = torch.compiler.is_compiling()
             calls = []  # (route, lists, hyper), or (None, _GroupPlan with a C++ side, hyper)
             for group in self._current_groups():
@@ -224,7 +230,7 @@ class ASGD(GroupsAlias, Optimizer):
                 if plan is not None:
                     calls.append((None, plan, hyper))
                     continue
-                gathered = self._group_lists(group, new_state)
+                gathered = self._group_lists(group, new_state, to_plan)
                 if gathered is not None:
                     calls.append((gathered[0], gathered[1], dict(hyper, t0=gathered[2])))
             # Validate every group before the first write: a single op call
@@ -257,6 +263,8 @@ class ASGD(GroupsAlias, Optimizer):
                 F.run(r, lists, **hyper)
             for p, state in new_state.items():
                 self.state[p] = state
+            for group, r, lists in to_plan:
+                self._plans[id(group)] = _GroupPlan(group, group["params"], self.state, r, lists)
         return loss
 
     mark_step_not_wrapped(step)
@@ -360,14 +368,24 @@ class ASGD(GroupsAlias, Optimizer):
 class _GroupPlan:
     """A group's gathered lists, reused by eager steps while they still hold.
 
-    Built once every param of the group has a grad and state. Reused while
-    the group holds the very same param objects (checked one by one, so a
-    param swapped in place of another is noticed), every param has a grad,
-    and ``state`` is the same mapping (load_state_dict replaces it). Grads
-    and the state tensors are read again at every step, and the op validates
-    dtypes, devices and shapes of everything at every step, so swapped
-    grads, ``p.data`` moved to another dtype or device, or replaced ``ax``
-    tensors are never missed. Not used while torch.compile traces."""
+    Made after a step in which every param of the group had a grad and
+    state. Reused while the group holds the very same param objects (checked
+    one by one, so a param swapped in place of another is noticed), every
+    param has a grad, and ``state`` is the same mapping (load_state_dict
+    replaces it). Grads and the state tensors are read again at every step,
+    and the op validates dtypes, devices and shapes of everything at every
+    step, so swapped grads, ``p.data`` moved to another dtype or device, or
+    replaced ``ax`` tensors are never missed. Not used while torch.compile
+    traces.
+
+    Fused steps of plain tensors on one device with one t0 get a C++ side
+    (``native``, csrc/asgd_plan.cpp): the step then passes no list from
+    Python at all, and the group's step/eta/mu are packed into one 1-D
+    tensor each, the state entries becoming 0-d views of their elements
+    (same values, dtype and device; torch.optim.ASGD reads such state as
+    its own). Replacing a state entry, or the state, is noticed by
+    ``native_matches``; re-pointing a packed view in place (``.set_()``,
+    ``.data =``) is not, and is not supported."""
 
     __slots__ = ("group", "params_list", "params", "state_map", "states", "route", "flags",
                  "native", "state_tensors")
@@ -380,15 +398,38 @@ class _GroupPlan:
         self.states = [state_map[p] for p in self.params]
         self.route = route
         self.flags = (group["fused"], group["differentiable"])  # what route() read
-        # The C++ side of the plan, for fused steps of plain tensors on one
-        # device with one t0 (csrc/asgd_plan.cpp): the step then passes no
-        # list from Python at all. It holds the state tensors themselves, so
-        # native_matches() also checks that they are still the ones in state.
         self.native = None
-        self.state_tensors = lists[2:]  # axs, mus, etas, steps
+        self.state_tensors = None
         if (route.fused and route.by_device is None and route.plain
                 and "t0_per_param" not in group):
-            self.native = torch.classes.torchext.ASGDPlan(lists[0], *self.state_tensors)
+            packed = self._pack_schedule_state()
+            if packed is not None:
+                axs = list(map(_get_ax, self.states))
+                self.native = torch.classes.torchext.ASGDPlan(self.params, axs, *packed)
+
+    def _pack_schedule_state(self) -> list[Tensor] | None:
+        """[mus, etas, steps], each one 1-D tensor, with every param's state
+        entries replaced by views of their elements (None, and nothing
+        changed, when the entries are not all one-element tensors of one
+        float dtype on the params' device: the op then names the problem)."""
+        packed = []
+        device = self.params[0].device
+        for key in ("mu", "eta", "step"):
+            values = [st.get(key) for st in self.states]
+            if not all(type(v) is Tensor and v.numel() == 1 for v in values):
+                return None
+            dtypes = {v.dtype for v in values}
+            if len(dtypes) != 1 or dtypes.pop() not in (torch.float32, torch.float64) or any(
+                    v.device != device for v in values):
+                return None
+            packed.append(torch.stack([v.detach().reshape(()) for v in values]))
+        for key, buf in zip(("mu", "eta", "step"), packed):
+            for st, view in zip(self.states, buf.unbind(0)):
+                st[key] = view
+        # What native_matches() checks: the state still holds these.
+        st = self.states
+        self.state_tensors = [list(map(get, st)) for get in (_get_ax, _get_mu, _get_eta, _get_step)]
+        return packed
 
     def native_matches(self, group, params_list, state_map) -> bool:
         axs, mus, etas, steps = self.state_tensors
