@@ -3,6 +3,8 @@
 // the same message on every device and at trace time.
 #pragma once
 
+#include "prefetch.h"
+
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
@@ -61,6 +63,25 @@ struct ASGDArgs {
 // small tensors the step's cost is fetching their metadata into cache), as
 // long as it writes nothing before the last entry was checked.
 void check_asgd_args(const ASGDArgs& a);
+// Call before check_asgd_entry(a, i, ...) in a loop over i: asks for the
+// metadata of the entries a few ahead (prefetch.h), so that their cache
+// misses overlap instead of coming one after the other.
+inline void prefetch_asgd_ahead(const ASGDArgs& a, size_t i) {
+  const size_t n = a.params.size();
+  const auto each = [&](size_t j, auto&& fn) {
+    if (j >= n) return;
+    fn(a.params[j].unsafeGetTensorImpl());
+    fn(a.grads[j].unsafeGetTensorImpl());
+    fn(a.axs[j].unsafeGetTensorImpl());
+    if (!a.packed()) {
+      fn(a.mus[j].unsafeGetTensorImpl());
+      fn(a.etas[j].unsafeGetTensorImpl());
+      fn(a.steps[j].unsafeGetTensorImpl());
+    }
+  };
+  each(i + kPrefetchImpl, prefetch_impl);
+  each(i + kPrefetchStorage, prefetch_storage);
+}
 // The list lengths, the hyperparameters, lr/grad_scale/found_inf, and that
 // params[0] and steps[0] (which give the device and the state dtype) exist.
 void check_asgd_header(const ASGDArgs& a);

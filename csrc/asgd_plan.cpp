@@ -12,6 +12,7 @@
 // (ASGD._GroupPlan) decides when a plan still holds (same params, same state
 // tensors) and never uses one while torch.compile traces.
 #include "asgd_args.h"
+#include "prefetch.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/custom_class.h>
@@ -34,13 +35,15 @@ c10::List<at::Tensor> boxed(std::vector<at::Tensor> ts) {
 }
 
 struct ASGDPlan : torch::CustomClassHolder {
+  std::vector<at::Tensor> param_vec;  // the params, read for their .grad
   c10::List<at::Tensor> params, grads, axs;
   at::Tensor mus, etas, steps;  // packed: element i belongs to params[i]
   torch::jit::Stack stack;
 
   ASGDPlan(std::vector<at::Tensor> params_, std::vector<at::Tensor> axs_, at::Tensor mus_,
            at::Tensor etas_, at::Tensor steps_)
-      : params(boxed(std::move(params_))),
+      : param_vec(params_),
+        params(boxed(std::move(params_))),
         axs(boxed(std::move(axs_))),
         mus(std::move(mus_)),
         etas(std::move(etas_)),
@@ -59,8 +62,18 @@ struct ASGDPlan : torch::CustomClassHolder {
            const std::optional<at::Tensor>& grad_scale,
            const std::optional<at::Tensor>& found_inf) {
     grads.clear();
-    for (const c10::IValue& p : params.vec()) {
-      const at::Tensor& g = p.toTensor().grad();
+    const std::vector<at::Tensor>& ps = param_vec;
+    const size_t n = ps.size();
+    for (size_t i = 0; i < n; ++i) {
+      // .grad is three dependent loads per param (TensorImpl, AutogradMeta,
+      // the grad's TensorImpl): ask for later params' ones early (prefetch.h).
+      if (i + 2 * kPrefetchImpl < n) prefetch_impl(ps[i + 2 * kPrefetchImpl].unsafeGetTensorImpl());
+      if (i + kPrefetchImpl < n) {
+        if (const auto* meta = ps[i + kPrefetchImpl].unsafeGetTensorImpl()->autograd_meta()) {
+          prefetch_lines(meta, 64);
+        }
+      }
+      const at::Tensor& g = ps[i].grad();
       if (!g.defined()) {
         grads.clear();
         return false;

@@ -64,6 +64,7 @@ void asgd_cpu_impl(const ASGDArgs& a) {
   std::vector<ScalarSlots> slots(n);
   std::vector<DenseTriple> copies;  // kept alive until written back
   for (size_t i = 0; i < n; ++i) {
+    prefetch_asgd_ahead(a, i);
     check_asgd_entry(a, i, device, state_dtype);
     const at::Tensor& p = a.params[i];
     const at::Tensor& g = a.grads[i];

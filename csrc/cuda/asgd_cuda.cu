@@ -144,6 +144,7 @@ void asgd_cuda_impl(const ASGDArgs& a) {
   std::vector<std::pair<at::ScalarType, std::vector<TensorEntry<kASGDDepth>>>> groups;
   std::vector<DenseTriple> copies;
   for (size_t i = 0; i < n; ++i) {
+    prefetch_asgd_ahead(a, i);
     check_asgd_entry(a, i, device, state_dtype);
     const at::Tensor& p = a.params[i];
     const at::Tensor& g = a.grads[i];
