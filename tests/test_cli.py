@@ -263,3 +263,23 @@ def test_check_catches_a_wrong_kernel(monkeypatch):
     assert [o.ok for o in outcomes] == [False, False]
     assert outcomes[0].worst > 1 and "param[" in outcomes[0].failures[0]
     assert "found_inf=0.0 but inf/NaN present: True" in outcomes[1].failures[0]
+
+
+def test_check_catches_a_wrong_packed_kernel(monkeypatch):
+    import types
+    real = torch.ops.torchext.asgd_
+
+    def packed_skips_the_schedule(params, grads, axs, mus, etas, steps, **kw):
+        # the update runs, but step/eta/mu never advance
+        saved = [t.clone() for t in (mus, etas, steps)]
+        real.packed(params, grads, axs, mus, etas, steps, **{**kw, "lr": float(kw["lr"])})
+        for t, s in zip((mus, etas, steps), saved):
+            t.copy_(s)
+
+    bad = types.SimpleNamespace(packed=packed_skips_the_schedule,
+                                packed_tensor_lr=packed_skips_the_schedule)
+    monkeypatch.setattr(cli_check, "ops", _Ops(asgd_=bad))
+    outcomes = cli_check.run_checks(["cpu"], [c for c in cli_check.CHECKS
+                                              if c[0] == "asgd_ (packed state)"])
+    assert [o.ok for o in outcomes] == [False]
+    assert any(f.startswith(("step[", "eta[", "mu[")) for f in outcomes[0].failures)

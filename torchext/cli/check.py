@@ -140,7 +140,7 @@ def _asgd_lists(dtype, device, gen, rng, n=4):
 
 # ---------------------------------------------------------------- checks
 
-def _asgd_vs_torch(device, gen, rng, tally, tensor_lr, dtype, grad_scale=None):
+def _asgd_vs_torch(device, gen, rng, tally, tensor_lr, dtype, grad_scale=None, packed=False):
     params, axs, mus, etas, steps, shapes, lay = _asgd_lists(dtype, device, gen, rng)
     lr = rng.choice([0.01, 0.05])
     kw = dict(lambd=1e-4, alpha=0.75, t0=1.0, weight_decay=rng.choice([0.0, 0.01]),
@@ -156,13 +156,20 @@ def _asgd_vs_torch(device, gen, rng, tally, tensor_lr, dtype, grad_scale=None):
     if grad_scale is not None:
         extra["grad_scale"] = torch.tensor(grad_scale, device=device)
         inv = torch.tensor(1.0 / grad_scale, dtype=torch.float32, device=device)
+    if packed:  # one 1-D tensor each; the 0-d entries become views of its elements
+        bufs = [torch.stack(lst) for lst in (mus, etas, steps)]
+        mus, etas, steps = (list(b.unbind(0)) for b in bufs)
     for _ in range(STEPS):
         grads = [_tensor(s, dtype, device, gen, la) for s, la in zip(shapes, lay)]
         ref_grads = [g.to(ref_dtype) for g in grads]
         if inv is not None:  # GradScaler.unscale_'s math: multiply by the float32 inverse
             ref_grads = [g * inv for g in grads]
         torch_asgd(ref[0], ref_grads, *ref[1:], foreach=False, lr=lr, **kw)
-        if tensor_lr:
+        if packed:
+            op = ops.asgd_.packed_tensor_lr if tensor_lr else ops.asgd_.packed
+            op(params, grads, axs, *bufs, lr=torch.tensor(lr, device=device) if tensor_lr else lr,
+               **kw, **extra)
+        elif tensor_lr:
             ops.asgd_.tensor_lr(params, grads, axs, mus, etas, steps,
                                 lr=torch.tensor(lr, device=device), **kw, **extra)
         else:
@@ -188,6 +195,13 @@ def check_asgd_tensor_lr(device, gen, rng, tally):
     """asgd_.tensor_lr vs torch.optim.ASGD's for-loop math."""
     for dtype in DTYPES:
         _asgd_vs_torch(device, gen, rng, tally, True, dtype)
+
+
+def check_asgd_packed(device, gen, rng, tally):
+    """asgd_.packed (step/eta/mu as one 1-D tensor each, what ASGD's plan
+    calls) vs torch.optim.ASGD's for-loop math, float and tensor lr."""
+    for dtype in DTYPES:
+        _asgd_vs_torch(device, gen, rng, tally, rng.random() < 0.5, dtype, packed=True)
 
 
 def check_asgd_grad_scale(device, gen, rng, tally):
@@ -414,6 +428,7 @@ def check_cuda_graph(device, gen, rng, tally):
 CHECKS = [
     ("asgd_ (float lr)", check_asgd_float_lr, None),
     ("asgd_ (tensor lr)", check_asgd_tensor_lr, None),
+    ("asgd_ (packed state)", check_asgd_packed, None),
     ("asgd_ grad_scale/found_inf", check_asgd_grad_scale, None),
     ("check_finite_", check_check_finite, None),
     ("unscale_", check_unscale, None),
