@@ -282,7 +282,10 @@ void check_asgd_args(const ASGDArgs& a) {
   if (a.params.empty()) return;
   const c10::Device device = a.params[0].device();
   const at::ScalarType state_dtype = a.state_dtype();
-  for (size_t i = 0; i < a.params.size(); ++i) check_asgd_entry(a, i, device, state_dtype);
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    prefetch_asgd_ahead(a, i);
+    check_asgd_entry(a, i, device, state_dtype);
+  }
 }
 
 void check_amp_tensors(const char* op, at::TensorList tensors, const at::Tensor& found_inf,

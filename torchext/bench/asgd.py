@@ -25,11 +25,11 @@ CASES = {
 SETUPS = ("torchext", "torch foreach", "torch for-loop", "fused SGD")
 
 
-def _time_step(env, factory, n, size, dtype):
+def _stepper(env, factory, n, size, dtype):
     params = make_params(n, size, dtype, env.device)
     opt = factory(params)
     opt.step()  # state created outside the timing
-    return env.time(opt.step)
+    return opt.step
 
 
 def run_case(env, name):
@@ -43,7 +43,9 @@ def run_case(env, name):
         "torch for-loop": lambda p: torch.optim.ASGD(p, foreach=False, **kw),
         "fused SGD": lambda p: torch.optim.SGD(p, lr=1e-3, momentum=0.9, fused=True),
     }
-    seconds = {k: _time_step(env, f, n, size, dtype) for k, f in factories.items()}
+    # Timed in turns, one step of each setup per round (see timeit_interleaved).
+    seconds = env.time_interleaved({k: _stepper(env, f, n, size, dtype)
+                                    for k, f in factories.items()})
     elem_bytes = torch.empty((), dtype=dtype).element_size()
     moved = 5 * elem_bytes * n * size  # read p, g, ax; write p, ax
     return Result.from_seconds(NAME, name, seconds, bytes_moved=moved, env=env,

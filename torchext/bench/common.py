@@ -38,6 +38,27 @@ def timeit(fn, warmup=3, repeat=15, min_time=0.2, device="cpu"):
     return statistics.median(samples)
 
 
+def timeit_interleaved(fns, warmup=3, repeat=15, min_time=0.2, device="cpu"):
+    """{name: median seconds per call} of several callables timed in turns
+    (one call of each per round), so that a machine getting slower or faster
+    during the run shifts every setup alike and their ratios stay fair."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    _sync(device)
+    samples = {k: [] for k in fns}
+    start = time.perf_counter()
+    rounds = 0
+    while rounds < repeat or (time.perf_counter() - start < min_time * len(fns) and rounds < 200):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            samples[k].append(time.perf_counter() - t0)
+        rounds += 1
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
 def copy_bandwidth(device="cpu", nbytes=512 * 2**20, quick=False):
     """Bytes per second of a large copy_ (it reads and writes nbytes each)."""
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
@@ -78,6 +99,9 @@ class Env:
 
     def time(self, fn, **overrides):
         return timeit(fn, **{**timing(self.quick), **overrides}, device=self.device)
+
+    def time_interleaved(self, fns, **overrides):
+        return timeit_interleaved(fns, **{**timing(self.quick), **overrides}, device=self.device)
 
     def header(self):
         return (f"device: {self.device}, threads: {torch.get_num_threads()}, torch "
