@@ -108,6 +108,27 @@ def run_compiled_vs_eager(backend, steps=22):
     return eager, compiled, counter.graphs, losses, scales, moved
 
 
+def test_compiling_after_eager_steps_whose_plan_packed_the_state(trace_autograd_ops):
+    # Eager steps first: the group's C++ plan packs step/eta/mu into views of
+    # one tensor each. The compiled step then takes those views (aliased
+    # inputs it mutates) and must still match eager, without recompiling.
+    eager, compiled = make(), make()
+    eager_step, warm_step = make_train_step(*eager), make_train_step(*compiled)
+    data = batches(10, inf_at=(7,))
+    for x, y in data[:3]:
+        eager_step(x, y)
+        warm_step(x, y)
+    st = compiled[1].state[next(compiled[0].parameters())]
+    assert st["step"]._base is not None, "the eager plan packed the state"
+    counter = CountingBackend("aot_eager")
+    compiled_step = torch.compile(make_train_step(*compiled), fullgraph=True, backend=counter)
+    for x, y in data[3:]:  # (batch 7 overflows: both losses are inf/NaN, the step skipped)
+        torch.testing.assert_close(compiled_step(x, y), eager_step(x, y), rtol=0, atol=0,
+                                   equal_nan=True)
+    assert counter.graphs == 1
+    assert_same_training_state(eager, compiled)
+
+
 def test_fullgraph_train_step_matches_eager_without_recompiles(trace_autograd_ops):
     # aot_eager: Dynamo + AOTAutograd + functionalization of the whole step,
     # with eager kernels, so the numbers must match eager exactly.
