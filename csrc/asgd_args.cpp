@@ -293,6 +293,9 @@ void check_amp_tensors(const char* op, at::TensorList tensors, const at::Tensor&
   const c10::Device device = found_inf.device();
   check_found_inf(op, found_inf, device);
   for (size_t i = 0; i < tensors.size(); ++i) {
+    if (i + kPrefetchImpl < tensors.size()) {
+      prefetch_impl(tensors[i + kPrefetchImpl].unsafeGetTensorImpl());
+    }
     const at::Tensor& t = tensors[i];
     TORCH_CHECK(t.defined(), op, ": tensors[", i, "] is undefined");
     TORCH_CHECK(t.layout() == at::kStrided, op, ": tensors[", i,

@@ -52,15 +52,9 @@ struct ASGDPlan : torch::CustomClassHolder {
     stack.reserve(kASGDNumArgs);
   }
 
-  // One step of asgd_.packed over the held lists with every param's current
-  // .grad. validate_only: the op's Meta kernel (its validation alone, which
-  // writes nothing) on the real tensors. Returns false, having done
-  // nothing, when a param has no grad: the caller then takes the general
-  // path.
-  bool run(bool validate_only, const std::optional<at::Tensor>& lr_tensor, double lr,
-           double lambd, double alpha, double t0, double weight_decay, bool maximize,
-           const std::optional<at::Tensor>& grad_scale,
-           const std::optional<at::Tensor>& found_inf) {
+  // Fills `grads` with every param's current .grad; false (and empty) when
+  // a param has none.
+  bool gather_grads() {
     grads.clear();
     const std::vector<at::Tensor>& ps = param_vec;
     const size_t n = ps.size();
@@ -80,7 +74,42 @@ struct ASGDPlan : torch::CustomClassHolder {
       }
       grads.push_back(g);
     }
-    stack.clear();
+    return true;
+  }
+
+  // GradScaler's read-only inf/NaN check of the group's grads
+  // (torchext::check_finite_ into found_inf), without a list from Python.
+  // False, having done nothing, when a param has no grad.
+  bool check_finite(const at::Tensor& found_inf) {
+    if (!gather_grads()) return false;
+    const HoldNothing after{this};
+    static const auto op =
+        c10::Dispatcher::singleton().findSchemaOrThrow("torchext::check_finite_", "");
+    torch::jit::push(stack, grads, found_inf);
+    op.callBoxed(&stack);
+    return true;
+  }
+
+  // Between calls (also after one that raised) the plan holds no grad.
+  struct HoldNothing {
+    ASGDPlan* plan;
+    ~HoldNothing() {
+      plan->stack.clear();
+      plan->grads.clear();
+    }
+  };
+
+  // One step of asgd_.packed over the held lists with every param's current
+  // .grad. validate_only: the op's Meta kernel (its validation alone, which
+  // writes nothing) on the real tensors. Returns false, having done
+  // nothing, when a param has no grad: the caller then takes the general
+  // path.
+  bool run(bool validate_only, const std::optional<at::Tensor>& lr_tensor, double lr,
+           double lambd, double alpha, double t0, double weight_decay, bool maximize,
+           const std::optional<at::Tensor>& grad_scale,
+           const std::optional<at::Tensor>& found_inf) {
+    if (!gather_grads()) return false;
+    const HoldNothing after{this};
     torch::jit::push(stack, params, grads, axs, mus, etas, steps);
     if (lr_tensor.has_value()) {
       torch::jit::push(stack, *lr_tensor);
@@ -94,8 +123,6 @@ struct ASGDPlan : torch::CustomClassHolder {
     } else {
       op.callBoxed(&stack);
     }
-    stack.clear();
-    grads.clear();  // hold no grad between steps
     return true;
   }
 };
@@ -106,7 +133,8 @@ TORCH_LIBRARY_FRAGMENT(torchext, m) {
   m.class_<ASGDPlan>("ASGDPlan")
       .def(torch::init<std::vector<at::Tensor>, std::vector<at::Tensor>, at::Tensor, at::Tensor,
                        at::Tensor>())
-      .def("run", &ASGDPlan::run);
+      .def("run", &ASGDPlan::run)
+      .def("check_finite", &ASGDPlan::check_finite);
 }
 
 }  // namespace torchext

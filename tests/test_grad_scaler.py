@@ -481,3 +481,44 @@ def test_sync_free_lr_schedule_recipe_from_readme():
             expected *= 0.5
     assert opt.param_groups[0]["lr"] is lr
     assert lr.item() == pytest.approx(expected)
+
+
+# --- the inf check through ASGD's per-group C++ plans -------------------------
+
+def test_scaler_checks_grads_through_the_asgd_plans_and_matches_torch():
+    g = torch.Generator().manual_seed(3)
+    shapes = [(4, 3), (7,), (2, 2)]
+    groups = lambda ps: [{"params": ps[:2]}, {"params": ps[2:], "lr": 0.02}]  # noqa: E731
+    ours_p = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in shapes]
+    ref_p = [torch.nn.Parameter(p.detach().clone()) for p in ours_p]
+    opt = torchext.optim.ASGD(groups(ours_p), lr=0.05, t0=1)
+    ref = torch.optim.ASGD(groups(ref_p), lr=0.05, t0=1, foreach=False)
+    sc = torchext.amp.GradScaler(init_scale=2.0**8, growth_interval=2)
+    rsc = torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=2)
+    one = torch.ones((), requires_grad=True)
+    planned = []
+    for step in range(8):
+        grads = [torch.randn(s, generator=g) * 2.0**8 for s in shapes]
+        if step in (4, 6):
+            grads[2][0, 1] = float("inf") if step == 4 else float("nan")
+        drop = step == 5  # a param without grad: the plans do not hold this step
+        for i, (p, q, gr) in enumerate(zip(ours_p, ref_p, grads)):
+            p.grad = None if drop and i == 1 else gr.clone()
+            q.grad = None if drop and i == 1 else gr.clone()
+        planned.append(opt._check_finite_grads() is not None)
+        sc.scale(one)
+        rsc.scale(one)
+        sc.step(opt)
+        rsc.step(ref)
+        sc.update()
+        rsc.update()
+        assert sc.get_scale() == rsc.get_scale(), step
+        for p, q in zip(ours_p, ref_p):
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+            if q in ref.state:
+                for k in ("ax", "step", "eta", "mu"):
+                    torch.testing.assert_close(opt.state[p][k], ref.state[q][k], rtol=1e-6,
+                                               atol=1e-7)
+    # steps 0-1 make the plans; from step 2 on the check goes through them,
+    # except the step with a missing grad
+    assert planned == [False, False, True, True, True, False, True, True]

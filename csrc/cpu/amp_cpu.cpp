@@ -18,23 +18,28 @@ namespace {
 // Runs scan_span over every tensor, chunked and in parallel; returns whether
 // any element was not finite.
 bool scan_tensors(at::TensorList tensors, bool scale, float inv_scale) {
-  std::vector<DenseOne> dense;
-  dense.reserve(tensors.size());
-  std::vector<int64_t> numels;
-  std::vector<char*> ptrs;  // taken on the calling thread, not in the workers
-  numels.reserve(tensors.size());
-  ptrs.reserve(tensors.size());
-  for (const auto& t : tensors) {
-    dense.push_back(make_dense_one(t));
-    const at::Tensor& d = dense.back().t;
-    numels.push_back(d.numel());
+  const size_t n = tensors.size();
+  std::vector<DenseOne> dense;  // only for tensors that are not flat real memory
+  std::vector<int64_t> numels(n);
+  std::vector<char*> ptrs(n);  // taken on the calling thread, not in the workers
+  std::vector<at::ScalarType> dtypes(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kPrefetchImpl < n) prefetch_impl(tensors[i + kPrefetchImpl].unsafeGetTensorImpl());
+    if (i + kPrefetchStorage < n) prefetch_storage(tensors[i + kPrefetchStorage].unsafeGetTensorImpl());
+    const at::Tensor* t = &tensors[i];
+    if (t->is_complex() || !t->is_non_overlapping_and_dense()) {
+      dense.push_back(make_dense_one(*t));
+      t = &dense.back().t;
+    }
+    numels[i] = t->numel();
+    dtypes[i] = t->scalar_type();
     // Read-only callers (scale == false) never write through this pointer.
-    ptrs.push_back(static_cast<char*>(scale ? d.data_ptr() : const_cast<void*>(d.const_data_ptr())));
+    ptrs[i] = static_cast<char*>(scale ? t->data_ptr() : const_cast<void*>(t->const_data_ptr()));
   }
   std::atomic<bool> found{false};
   const auto& isa = cpu::kernels();
   cpu::for_each_chunk(numels, [&](const cpu::Chunk& ch) {
-    const at::ScalarType dtype = dense[ch.tensor].t.scalar_type();
+    const at::ScalarType dtype = dtypes[ch.tensor];
     char* x = ptrs[ch.tensor] + ch.begin * static_cast<int64_t>(c10::elementSize(dtype));
     if (isa.scan_span(dtype, x, ch.end - ch.begin, scale, inv_scale)) {
       found.store(true, std::memory_order_relaxed);

@@ -269,6 +269,13 @@ class GradScaler(torch.amp.GradScaler):
     def _check_inf_grads(self, optimizer) -> dict[torch.device, Tensor]:
         """Read-only inf/NaN check of the grads (the fused path): they are
         read once and nothing but the returned found_inf is written."""
+        # torchext's ASGD checks them through its per-group C++ plans when
+        # those hold (no per-tensor Python work; same op, same result).
+        planned = getattr(optimizer, "_check_finite_grads", None)
+        found_per_device = planned() if planned is not None else None
+        if found_per_device is not None:
+            self._sync_found_inf(found_per_device, sharded=False)
+            return found_per_device
         grads = _GradsByDevice(optimizer, allow_fp16=True)
         check = torch.ops.torchext.check_finite_
         grads.validate(check)

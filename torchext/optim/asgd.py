@@ -277,6 +277,30 @@ class ASGD(GroupsAlias, Optimizer):
             return None
         return plan if plan.native_matches(group, group["params"], self.state) else None
 
+    def _check_finite_grads(self) -> dict[torch.device, Tensor] | None:
+        """For torchext's GradScaler: its read-only inf/NaN check of every
+        grad (found_inf per device, 0-d float32), through the groups' C++
+        plans, so no list crosses from Python. None, having written nothing
+        the caller sees, when a group has no plan that holds (or while
+        torch.compile traces): the scaler then gathers the grads itself."""
+        if torch.compiler.is_compiling():
+            return None
+        plans = []
+        for group in self._current_groups():
+            plan = self._native_plan(group)
+            if plan is None:
+                return None
+            plans.append(plan)
+        found: dict[torch.device, Tensor] = {}
+        for plan in plans:
+            device = plan.params[0].device
+            f = found.get(device)
+            if f is None:
+                f = found[device] = torch.zeros((), dtype=torch.float32, device=device)
+            if not plan.native.check_finite(f):
+                return None
+        return found
+
     def averaged_parameters(self):
         """Context manager: inside, every stepped parameter holds its average
         ``ax``, swapped in place; on exit both are restored bit for bit.
