@@ -142,6 +142,7 @@ class TrainStep(torch.nn.Module):
         self.register_buffer("growth_tracker", torch.zeros((), dtype=torch.int32))
         self.register_buffer("hysteresis_tracker", torch.ones((), dtype=torch.int32))
         self.register_buffer("found_inf", torch.zeros(()))
+        self.register_buffer("lr", torch.tensor(0.05, dtype=torch.float64))  # the op takes a tensor
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.lin(x)
@@ -162,7 +163,7 @@ class TrainStep(torch.nn.Module):
             torch.ops.torchext.asgd_(
                 params, gs, [self.ax_weight, self.ax_bias], [self.mu_weight, self.mu_bias],
                 [self.eta_weight, self.eta_bias], [self.step_weight, self.step_bias],
-                lr=0.05, lambd=1e-4, alpha=0.75, t0=3.0, weight_decay=1e-3, maximize=False,
+                lr=self.lr, lambd=1e-4, alpha=0.75, t0=3.0, weight_decay=1e-3, maximize=False,
                 grad_scale=self.scale, found_inf=self.found_inf)
             torch.ops.torchext.update_scale_(
                 self.scale, self.growth_tracker, self.hysteresis_tracker, self.found_inf,
@@ -201,7 +202,13 @@ def torchscript_reference(out):
 # ---- AOTInductor: the functional ASGD step ---------------------------------
 
 AOTI_STEPS = 20
-AOTI_KW = dict(lr=0.05, lambd=1e-3, alpha=0.75, t0=5.0, weight_decay=1e-2, maximize=False)
+AOTI_LR = 0.05
+AOTI_KW = dict(lambd=1e-3, alpha=0.75, t0=5.0, weight_decay=1e-2, maximize=False)
+
+
+def aoti_lr():
+    # The op's lr is a 1-element tensor (a CPU one is read on the host).
+    return torch.tensor(AOTI_LR, dtype=torch.float64)
 
 
 class ASGDStep(torch.nn.Module):
@@ -209,7 +216,7 @@ class ASGDStep(torch.nn.Module):
 
     def forward(self, p, g, ax, mu, eta, step):
         p, ax, mu, eta, step = p.clone(), ax.clone(), mu.clone(), eta.clone(), step.clone()
-        torch.ops.torchext.asgd_([p], [g], [ax], [mu], [eta], [step], **AOTI_KW)
+        torch.ops.torchext.asgd_([p], [g], [ax], [mu], [eta], [step], lr=aoti_lr(), **AOTI_KW)
         return p, ax, mu, eta, step
 
 
@@ -217,11 +224,12 @@ def aoti_reference(out):
     gen = torch.Generator().manual_seed(11)
     p0 = torch.randn(64, 8, generator=gen)
     grads = torch.randn(AOTI_STEPS, 64, 8, generator=gen)
-    state0 = (torch.zeros(64, 8), torch.ones(()), torch.full((), AOTI_KW["lr"]), torch.zeros(()))
+    state0 = (torch.zeros(64, 8), torch.ones(()), torch.full((), AOTI_LR), torch.zeros(()))
     # Eager reference: the same op, in place.
     p, (ax, mu, eta, step) = p0.clone(), [t.clone() for t in state0]
     for s in range(AOTI_STEPS):
-        torch.ops.torchext.asgd_([p], [grads[s]], [ax], [mu], [eta], [step], **AOTI_KW)
+        torch.ops.torchext.asgd_([p], [grads[s]], [ax], [mu], [eta], [step], lr=aoti_lr(),
+                                 **AOTI_KW)
     ref = {"p0": p0, "grads": grads, "ax0": state0[0], "mu0": state0[1], "eta0": state0[2],
            "step0": state0[3], "p": p, "ax": ax, "mu": mu, "eta": eta, "step": step}
     torch.save(ref, os.path.join(out, "aoti_ref.pt"))

@@ -30,19 +30,30 @@ void bump_written_then_redispatch(const c10::OperatorHandle& op, c10::DispatchKe
   const auto& args = op.schema().arguments();
   const size_t first = stack->size() - args.size();
   // The call consumes its arguments: keep handles on what it writes (copying
-  // an IValue list shares it, no per-tensor cost).
+  // an IValue list shares it, no per-tensor cost). asgd_ leaves the entries
+  // of its lists whose grad is None alone: those are not bumped.
   std::vector<c10::IValue> written;
+  c10::IValue grads;
   for (size_t i = 0; i < args.size(); ++i) {
     const auto* alias = args[i].alias_info();
     if (alias != nullptr && alias->isWrite()) written.push_back((*stack)[first + i]);
+    if (args[i].name() == "grads") grads = (*stack)[first + i];
   }
   op.redispatchBoxed(ks & c10::after_autograd_keyset, stack);
   // Only after it succeeded: a refused call (bad input) changes nothing.
+  const auto skipped = [&](size_t i) {
+    if (!grads.isList()) return false;
+    const c10::IValue& g = grads.toListRef()[i];
+    return !g.isTensor() || !g.toTensor().defined();
+  };
   for (const c10::IValue& v : written) {
     if (v.isTensor()) {
       bump(v.toTensor());
-    } else if (v.isTensorList()) {
-      for (const c10::IValue& e : v.toListRef()) bump(e.toTensor());
+    } else if (v.isList()) {
+      const auto& entries = v.toListRef();
+      for (size_t i = 0; i < entries.size(); ++i) {
+        if (entries[i].isTensor() && !skipped(i)) bump(entries[i].toTensor());
+      }
     }
   }
 }

@@ -60,17 +60,6 @@ void DenseOne::write_back() {
   if (home.defined()) home.copy_(t);
 }
 
-void write_cpu_scalar(const at::Tensor& t, double value) {
-  void* p = t.mutable_data_ptr();
-  switch (t.scalar_type()) {
-    case at::kFloat: *static_cast<float*>(p) = static_cast<float>(value); break;
-    case at::kDouble: *static_cast<double*>(p) = value; break;
-    case at::kInt: *static_cast<int32_t*>(p) = static_cast<int32_t>(value); break;
-    case at::kLong: *static_cast<int64_t*>(p) = static_cast<int64_t>(value); break;
-    default: t.fill_(value);
-  }
-}
-
 }  // namespace torchext
 
 namespace torchext {

@@ -30,10 +30,6 @@ struct DenseOne {
 };
 DenseOne make_dense_one(const at::Tensor& t);
 
-// Writes a value into a 1-element float/double/int CPU tensor without going
-// through the dispatcher (fill_ costs microseconds per call).
-void write_cpu_scalar(const at::Tensor& t, double value);
-
 }  // namespace torchext
 
 namespace at {

@@ -24,18 +24,42 @@ using torch::optim::OptimizerParamGroup;
 
 bool fused_device(const c10::Device& d) { return d.is_cpu() || d.is_cuda(); }
 
+// The lr as the op takes it: the tensor lr, or a float lr as a CPU tensor
+// (read on the host, no sync).
+at::Tensor op_lr(const ASGDOptions& o) {
+  return o.has_tensor_lr() ? o.lr_tensor() : at::scalar_tensor(o.lr(), at::kDouble);
+}
+
 // The op's arguments for one device's lists (the op validates exactly these).
 struct DeviceCall {
   std::vector<at::Tensor> params, grads, axs, mus, etas, steps;
   std::optional<at::Tensor> grad_scale, found_inf;
 
-  ASGDArgs args(const ASGDOptions& o) const {
-    std::optional<at::Tensor> lr_tensor;
-    if (o.has_tensor_lr()) lr_tensor = o.lr_tensor();
+  ASGDArgs args(const ASGDOptions& o, const at::Tensor& lr) const {
+    ASGDArgs a;
+    static_cast<ASGDHyperparams&>(a) = ASGDHyperparams::from(o);
     // (TensorRefs point into this DeviceCall's lists: use the args while it lives.)
-    return {TensorRefs(params), TensorRefs(grads), TensorRefs(axs), TensorRefs(mus),
-            TensorRefs(etas), TensorRefs(steps), o.lr(), lr_tensor, o.lambd(), o.alpha(),
-            o.t0(), o.weight_decay(), o.maximize(), grad_scale, found_inf};
+    a.params = TensorRefs(params);
+    a.grads = TensorRefs(grads);
+    a.axs = TensorRefs(axs);
+    a.mus = TensorRefs(mus);
+    a.etas = TensorRefs(etas);
+    a.steps = TensorRefs(steps);
+    a.lr = lr;
+    a.grad_scale = grad_scale;
+    a.found_inf = found_inf;
+    return a;
+  }
+
+  // One asgd_ call through the dispatcher, as Python makes it.
+  void run(const ASGDOptions& o, const at::Tensor& lr) const {
+    torch::jit::Stack stack;
+    push_asgd_args(stack, c10::List<at::Tensor>(params), c10::List<at::Tensor>(grads),
+                   c10::List<at::Tensor>(axs),
+                   c10::List<at::Tensor>(mus), c10::List<at::Tensor>(etas),
+                   c10::List<at::Tensor>(steps), lr, ASGDHyperparams::from(o), grad_scale,
+                   found_inf);
+    asgd_op(ASGDState::kLists).callBoxed(&stack);
   }
 };
 
@@ -166,7 +190,7 @@ bool operator==(const ASGDOptions& lhs, const ASGDOptions& rhs) {
 
 void ASGDOptions::validate() const {
   // The op's own option rules (empty lists: only the options are checked).
-  check_asgd_args(DeviceCall{}.args(*this));
+  check_asgd_args(DeviceCall{}.args(*this, op_lr(*this)));
 }
 
 void ASGDOptions::serialize(torch::serialize::OutputArchive& archive) const {
@@ -304,6 +328,7 @@ void ASGD::step_impl(const torch::Tensor* grad_scale, const torch::Tensor* found
   struct GroupPlan {
     const ASGDOptions* options;
     bool fused;
+    at::Tensor lr;
     std::vector<DeviceCall> calls;
   };
   std::vector<GroupPlan> plans;
@@ -312,6 +337,7 @@ void ASGD::step_impl(const torch::Tensor* grad_scale, const torch::Tensor* found
   for (const auto gi : c10::irange(param_groups_.size())) {
     const auto& group = param_groups_[gi];
     const auto& o = static_cast<const ASGDOptions&>(group.options());
+    const at::Tensor lr = op_lr(o);
     DeviceCall all;
     for (const auto& p : group.params()) {
       if (!p.grad().defined()) continue;
@@ -341,7 +367,7 @@ void ASGD::step_impl(const torch::Tensor* grad_scale, const torch::Tensor* found
     if (all.params.empty()) continue;
     bool all_fused_devices = true;
     for (const auto& p : all.params) all_fused_devices = all_fused_devices && fused_device(p.device());
-    GroupPlan plan{&o, o.fused().value_or(all_fused_devices), {}};
+    GroupPlan plan{&o, o.fused().value_or(all_fused_devices), lr, {}};
     // One op call per device (the op itself groups by dtype).
     for (const auto& [device, idx] : api::index_by_device(all.params)) {
       DeviceCall c{api::pick(all.params, idx), api::pick(all.grads, idx),
@@ -351,7 +377,7 @@ void ASGD::step_impl(const torch::Tensor* grad_scale, const torch::Tensor* found
       if (grad_scale != nullptr) c.grad_scale = grad_scale->to(device, /*non_blocking=*/true);
       if (found_inf != nullptr) c.found_inf = found_inf->to(device, /*non_blocking=*/true);
       try {
-        check_asgd_args(c.args(o));
+        check_asgd_args(c.args(o, lr));
       } catch (c10::Error& e) {
         e.add_context(c10::str("ASGD.step: in param_groups[", gi, "] (its tensors on ", device,
                                "); nothing was changed"));
@@ -365,16 +391,10 @@ void ASGD::step_impl(const torch::Tensor* grad_scale, const torch::Tensor* found
   for (const auto& plan : plans) {
     const auto& o = *plan.options;
     for (const auto& c : plan.calls) {
-      if (!plan.fused) {
-        reference_step(c, o);
-      } else if (o.has_tensor_lr()) {
-        asgd_tensor_lr_op().call(c.params, c.grads, c.axs, c.mus, c.etas, c.steps,
-                                 o.lr_tensor(), o.lambd(), o.alpha(), o.t0(), o.weight_decay(),
-                                 o.maximize(), c.grad_scale, c.found_inf);
+      if (plan.fused) {
+        c.run(o, plan.lr);
       } else {
-        asgd_op().call(c.params, c.grads, c.axs, c.mus, c.etas, c.steps, o.lr(), o.lambd(),
-                       o.alpha(), o.t0(), o.weight_decay(), o.maximize(), c.grad_scale,
-                       c.found_inf);
+        reference_step(c, o);
       }
     }
   }

@@ -3,7 +3,7 @@
 #include <torchext/torchext.h>
 #include <torchext/version.h>
 
-#include "../asgd_args.h"
+#include "../amp_args.h"
 #include "../cpu/isa_kernels.h"
 #include "device_groups.h"
 

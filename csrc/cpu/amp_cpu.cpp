@@ -1,7 +1,9 @@
 // CPU kernels of the AMP ops: check_finite_ (read-only), unscale_ (multiply
 // and check in one pass) and update_scale_. Chunks span all tensors and run
 // under at::parallel_for, like the ASGD kernel.
-#include "../asgd_args.h"
+#include "../amp_args.h"
+#include "../cpu_scalars.h"
+#include "../prefetch.h"
 #include "../dense_views.h"
 #include "chunks.h"
 #include "isa_kernels.h"

@@ -40,32 +40,34 @@ double load(void* slot) {
 }
 
 void asgd_cpu_impl(const ASGDArgs& a) {
-  check_asgd_header(a);
+  const auto call = check_asgd_header(a);
+  if (!call) return;  // no param has a grad
   const size_t n = a.params.size();
-  if (n == 0) return;
-  const c10::Device device = a.params[0].device();
-  const at::ScalarType state_dtype = a.state_dtype();
-  const bool state_is_double = state_dtype == at::kDouble;
+  const bool state_is_double = call->state_dtype == at::kDouble;
   const bool unscale = a.grad_scale.has_value();
   // torch's GradScaler unscales with a float32 reciprocal computed in double.
   const float inv_scale =
       unscale ? static_cast<float>(1.0 / read_cpu_scalar(*a.grad_scale)) : 1.0f;
-  const double lr = a.lr_tensor.has_value() ? read_cpu_scalar(*a.lr_tensor) : a.lr;
+  const double lr = a.lr_on_host();
 
   // One pass checks each entry and takes its raw pointers (on the calling
   // thread, not in the workers): with thousands of small tensors the cost is
   // bringing each tensor's metadata into cache, so it is done once. Nothing
   // is written until every entry has been checked (DenseTriple only makes
-  // temporaries). Tensors that can be
-  // walked as flat memory (the common case) are used in place, without
-  // making views; the others go through DenseTriple.
-  std::vector<cpu::ASGDSpan> spans(n);
-  std::vector<int64_t> numels(n);
-  std::vector<ScalarSlots> slots(n);
+  // temporaries). Tensors that can be walked as flat memory (the common
+  // case) are used in place, without making views; the others go through
+  // DenseTriple. Entries without a grad are left out.
+  std::vector<cpu::ASGDSpan> spans;
+  std::vector<int64_t> numels;
+  std::vector<ScalarSlots> slots;
+  spans.reserve(n);
+  numels.reserve(n);
+  slots.reserve(n);
   std::vector<DenseTriple> copies;  // kept alive until written back
   for (size_t i = 0; i < n; ++i) {
     prefetch_asgd_ahead(a, i);
-    check_asgd_entry(a, i, device, state_dtype);
+    if (!a.active(i)) continue;
+    check_asgd_entry(a, i, call->device, call->state_dtype);
     const at::Tensor& p = a.params[i];
     const at::Tensor& g = a.grads[i];
     const at::Tensor& ax = a.axs[i];
@@ -89,13 +91,12 @@ void asgd_cpu_impl(const ASGDArgs& a) {
       dtype = d.p.scalar_type();
       numel = d.p.numel();
     }
-    ScalarSlots& slot = slots[i];
-    slot = {a.step_ptr(i), a.eta_ptr(i), a.mu_ptr(i)};
+    const ScalarSlots& slot = slots.emplace_back(ScalarSlots{a.step_ptr(i), a.eta_ptr(i), a.mu_ptr(i)});
     const double eta = state_is_double ? load<double>(slot.eta) : load<float>(slot.eta);
     const double mu = state_is_double ? load<double>(slot.mu) : load<float>(slot.mu);
-    spans[i] = {dtype, pp, pax, pg, numel, eta, mu, a.lambd, a.weight_decay, a.maximize,
-                unscale, inv_scale};
-    numels[i] = numel;
+    spans.push_back({dtype, pp, pax, pg, numel, eta, mu, a.lambd, a.weight_decay, a.maximize,
+                     unscale, inv_scale});
+    numels.push_back(numel);
   }
   if (a.found_inf.has_value() && read_cpu_scalar(*a.found_inf) != 0.0) {
     return;  // overflow this iteration: the whole step is a no-op

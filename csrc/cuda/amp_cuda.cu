@@ -1,7 +1,9 @@
 // CUDA kernels of the AMP ops, on the current stream, with no host sync:
 // check_finite_ (read-only), unscale_ (multiply and check in one pass) and
 // update_scale_ (one thread; the math is shared with the CPU kernel).
-#include "../asgd_args.h"
+#include "../amp_args.h"
+#include "../cpu_scalars.h"
+#include "../prefetch.h"
 #include "../dense_views.h"
 #include "multi_tensor_apply.cuh"
 #include "torchext/elementwise_math.h"

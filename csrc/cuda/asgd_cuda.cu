@@ -6,6 +6,7 @@
 // launch: a chunk must never see the eta/mu another chunk of the same tensor
 // already advanced.
 #include "../asgd_args.h"
+#include "../cpu_scalars.h"
 #include "../dense_views.h"
 #include "multi_tensor_apply.cuh"
 #include "torchext/elementwise_math.h"
@@ -117,11 +118,11 @@ __global__ void asgd_packed_schedule_kernel(void* steps, void* etas, void* mus, 
 }
 
 void asgd_cuda_impl(const ASGDArgs& a) {
-  check_asgd_header(a);
+  const auto call = check_asgd_header(a);
+  if (!call) return;  // no param has a grad
   const size_t n = a.params.size();
-  if (n == 0) return;
-  const c10::Device device = a.params[0].device();
-  const at::ScalarType state_dtype = a.state_dtype();
+  const c10::Device device = call->device;
+  const at::ScalarType state_dtype = call->state_dtype;
   const c10::cuda::CUDAGuard guard(device);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const bool state_is_double = state_dtype == at::kDouble;
@@ -143,8 +144,12 @@ void asgd_cuda_impl(const ASGDArgs& a) {
   // makes temporaries).
   std::vector<std::pair<at::ScalarType, std::vector<TensorEntry<kASGDDepth>>>> groups;
   std::vector<DenseTriple> copies;
+  std::vector<size_t> active;  // entries with a grad, in order
+  active.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     prefetch_asgd_ahead(a, i);
+    if (!a.active(i)) continue;  // no grad: left alone
+    active.push_back(i);
     check_asgd_entry(a, i, device, state_dtype);
     const at::Tensor& p = a.params[i];
     const at::Tensor& g = a.grads[i];
@@ -196,16 +201,15 @@ void asgd_cuda_impl(const ASGDArgs& a) {
   sargs.t0 = a.t0;
   sargs.state_is_double = state_is_double;
   at::Tensor lr_device;  // keeps a converted lr alive until the launches are queued
-  if (a.lr_tensor.has_value() && !a.lr_tensor->device().is_cpu()) {
-    lr_device = a.lr_tensor->scalar_type() == at::kDouble ? *a.lr_tensor
-                                                           : a.lr_tensor->to(at::kFloat);
+  if (!a.lr.device().is_cpu()) {
+    lr_device = a.lr.scalar_type() == at::kDouble ? a.lr : a.lr.to(at::kFloat);
     sargs.lr_ptr = lr_device.const_data_ptr();
     sargs.lr_is_double = lr_device.scalar_type() == at::kDouble;
   } else {
     // A CPU lr tensor is read on the host: no device sync involved.
-    sargs.lr_value = a.lr_tensor.has_value() ? read_cpu_scalar(*a.lr_tensor) : a.lr;
+    sargs.lr_value = a.lr_on_host();
   }
-  if (a.packed()) {
+  if (a.packed() && active.size() == n) {
     // Packed state: one launch over the three arrays.
     const int threads = 256;
     const int blocks = static_cast<int>((n + threads - 1) / threads);
@@ -215,11 +219,12 @@ void asgd_cuda_impl(const ASGDArgs& a) {
     return;
   }
   ScheduleMeta smeta{};
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t k = 0; k < active.size(); ++k) {
+    const size_t i = active[k];
     smeta.step[smeta.n] = a.step_ptr(i);
     smeta.eta[smeta.n] = a.eta_ptr(i);
     smeta.mu[smeta.n] = a.mu_ptr(i);
-    if (++smeta.n == kMaxScheduleTensors || i == n - 1) {
+    if (++smeta.n == kMaxScheduleTensors || k == active.size() - 1) {
       asgd_schedule_kernel<<<1, kMaxScheduleTensors, 0, stream>>>(smeta, sargs);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       smeta.n = 0;

@@ -3,7 +3,7 @@
 // launch per element size for all of them), other pairs through a strided
 // kernel each. Elements are moved as raw words of their size, so every dtype
 // (complex included) is swapped bit for bit.
-#include "../asgd_args.h"
+#include "../swap_args.h"
 #include "../dense_views.h"
 #include "multi_tensor_apply.cuh"
 

@@ -6,7 +6,9 @@
 // - CompositeExplicitAutograd: what the dispatcher runs for a call with no
 //   tensor at all (empty lists: a no-op, as documented) and for devices with
 //   no torchext kernel (a clear error).
+#include "../amp_args.h"
 #include "../asgd_args.h"
+#include "../swap_args.h"
 
 #include <torch/library.h>
 
@@ -50,7 +52,8 @@ void no_kernel_for_device(at::TensorList tensors, Args... args) {
 
 void no_asgd_kernel_for_device(const ASGDArgs& a) {
   check_asgd_args(a);
-  TORCH_CHECK(a.params.empty(), "torchext has no kernel for device ", a.params[0].device(),
+  const auto call = check_asgd_header(a);
+  TORCH_CHECK(!call, "torchext has no kernel for device ", call->device,
               "; its ops run on CPU and CUDA (and Meta for tracing)");
 }
 

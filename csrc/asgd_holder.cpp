@@ -1,0 +1,153 @@
+// torch.classes.torchext.ASGDHolder: the lists of one slot group of
+// torchext.optim.ASGD (its params on one device with one t0), held on the
+// C++ side between eager steps.
+//
+// Why: with thousands of small tensors a step's cost is per tensor, and most
+// of it was Python handing lists to the dispatcher, each tensor converted on
+// its own. The optimizer owns its state from creation (step/eta/mu packed in
+// one 1-D tensor each, the state entries views of their elements); the
+// holder keeps the params, their axs and the packed tensors boxed once, and
+// a step only reads each param's .grad here and calls torchext::asgd_.packed
+// through the dispatcher, so validation, kernels and autograd bookkeeping
+// are exactly those of a call from Python. It has no rules of its own: the
+// optimizer (torchext/optim/_state.py) makes a new holder whenever it
+// rebuilds the slot group, and never uses one while torch.compile traces.
+#include "asgd_args.h"
+#include "prefetch.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <vector>
+
+namespace torchext {
+namespace {
+
+struct ASGDHolder : torch::CustomClassHolder {
+  std::vector<at::Tensor> param_vec;  // the params, read for their .grad
+  // Boxed once (what the dispatcher passes to the boxed kernels): a call
+  // pushes each list as one IValue, so no held tensor is converted or
+  // refcounted per step; only grads are refilled.
+  c10::List<at::Tensor> params, axs;  // axs[i] undefined: params[i] has no state yet
+  c10::List<at::Tensor> grads;  // undefined where a param has no grad: left alone
+  at::Tensor mus, etas, steps;  // packed: element i belongs to params[i]
+  torch::jit::Stack stack;
+
+  ASGDHolder(std::vector<at::Tensor> params_, std::vector<std::optional<at::Tensor>> axs_,
+             at::Tensor mus_, at::Tensor etas_, at::Tensor steps_)
+      : param_vec(params_), mus(std::move(mus_)), etas(std::move(etas_)), steps(std::move(steps_)) {
+    TORCH_CHECK(axs_.size() == param_vec.size(), "ASGDHolder: one ax per param");
+    params.reserve(param_vec.size());
+    axs.reserve(param_vec.size());
+    for (auto& p : params_) params.push_back(std::move(p));
+    for (auto& ax : axs_) axs.push_back(ax.has_value() ? *ax : at::Tensor());
+    grads.reserve(param_vec.size());
+  }
+
+  void set_ax(int64_t i, const std::optional<at::Tensor>& ax) {
+    axs.set(i, ax.has_value() ? *ax : at::Tensor());
+  }
+
+  // Fills `grads` with every param's current .grad (None where it has
+  // none) and returns the indices of params that have a grad but no state.
+  std::vector<int64_t> gather_grads() {
+    grads.clear();
+    std::vector<int64_t> missing;
+    const std::vector<at::Tensor>& ps = param_vec;
+    const size_t n = ps.size();
+    for (size_t i = 0; i < n; ++i) {
+      // .grad is three dependent loads per param (TensorImpl, AutogradMeta,
+      // the grad's TensorImpl): ask for later params' ones early (prefetch.h).
+      if (i + 2 * kPrefetchImpl < n) prefetch_impl(ps[i + 2 * kPrefetchImpl].unsafeGetTensorImpl());
+      if (i + kPrefetchImpl < n) {
+        if (const auto* meta = ps[i + kPrefetchImpl].unsafeGetTensorImpl()->autograd_meta()) {
+          prefetch_lines(meta, 64);
+        }
+      }
+      const at::Tensor& g = ps[i].grad();
+      if (g.defined()) {
+        grads.push_back(g);
+        if (!axs.get(i).defined()) missing.push_back(static_cast<int64_t>(i));
+      } else {
+        grads.push_back(at::Tensor());
+      }
+    }
+    return missing;
+  }
+
+  // Between calls (also after one that raised) the holder holds no grad.
+  struct HoldNothing {
+    ASGDHolder* holder;
+    ~HoldNothing() {
+      holder->stack.clear();
+      holder->grads.clear();
+    }
+  };
+
+  // One step of asgd_.packed over the held lists with every param's current
+  // .grad. `hyper`: the op's hyperparameters in the order of its argument
+  // table (asgd_args.h). validate_only: the op's Meta kernel (its
+  // validation alone, which writes nothing) on the real tensors. Returns the
+  // indices of params that have a grad but no state yet, having done
+  // nothing, when there are some (the optimizer creates their state, then
+  // calls again); an empty list when the call ran.
+  std::vector<int64_t> run(bool validate_only, const at::Tensor& lr, const std::vector<double>& hyper,
+                           const std::optional<at::Tensor>& grad_scale,
+                           const std::optional<at::Tensor>& found_inf) {
+    const HoldNothing after{this};
+    auto missing = gather_grads();
+    if (!missing.empty()) return missing;
+    ASGDHyperparams h;
+    size_t k = 0;
+    TORCH_CHECK(hyper.size() == kNumHyper, "ASGDHolder.run: expected ", kNumHyper,
+                " hyperparameters, got ", hyper.size());
+#define TORCHEXT_ASGD_FROM_LIST(name, type, schema_type) h.name = static_cast<type>(hyper[k++]);
+    TORCHEXT_ASGD_HYPERPARAMS(TORCHEXT_ASGD_FROM_LIST)
+#undef TORCHEXT_ASGD_FROM_LIST
+    push_asgd_args(stack, params, grads, axs, mus, etas, steps, lr, h, grad_scale, found_inf);
+    const c10::OperatorHandle& op = asgd_op(ASGDState::kPacked);
+    if (validate_only) {
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &stack);
+    } else {
+      op.callBoxed(&stack);
+    }
+    return {};
+  }
+
+  // GradScaler's read-only inf/NaN check of the held params' grads
+  // (torchext::check_finite_ into found_inf), without a list from Python.
+  void check_finite(const at::Tensor& found_inf) {
+    const HoldNothing after{this};
+    c10::List<at::Tensor> present;
+    present.reserve(param_vec.size());
+    for (const auto& p : param_vec) {
+      const at::Tensor& g = p.grad();
+      if (g.defined()) present.push_back(g);
+    }
+    static const auto op =
+        c10::Dispatcher::singleton().findSchemaOrThrow("torchext::check_finite_", "");
+    torch::jit::push(stack, std::move(present), found_inf);
+    op.callBoxed(&stack);
+  }
+
+  static constexpr size_t kNumHyper = 0
+#define TORCHEXT_ASGD_COUNT(name, type, schema_type) +1
+      TORCHEXT_ASGD_HYPERPARAMS(TORCHEXT_ASGD_COUNT)
+#undef TORCHEXT_ASGD_COUNT
+      ;
+};
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(torchext, m) {
+  m.class_<ASGDHolder>("ASGDHolder")
+      .def(torch::init<std::vector<at::Tensor>, std::vector<std::optional<at::Tensor>>,
+                       at::Tensor, at::Tensor, at::Tensor>())
+      .def("set_ax", &ASGDHolder::set_ax)
+      .def("run", &ASGDHolder::run)
+      .def("check_finite", &ASGDHolder::check_finite);
+}
+
+}  // namespace torchext
