@@ -335,7 +335,7 @@ class Wrapper:
 
 
 def test_param_groups_of_optimizers_and_wrappers():
-    from torchext.amp.grad_scaler import param_groups
+    from torchext._compile_compat import param_groups
     params = []
     for scaler in scalers():
         model = small_model()

@@ -1,7 +1,8 @@
 """ASGD.step() is all or nothing: bad input anywhere (here: always in a later
 parameter group) raises before any group is written, and no state is
-created for a rejected step. Also: the per-group plan that eager steps reuse
-notices swapped params, grads, state, dtypes and devices."""
+created for a rejected step. Also: the state the optimizer owns (packed
+step/eta/mu, the C++ holder of eager steps) follows swapped params, grads,
+state, dtypes and devices."""
 import pytest
 import torch
 
@@ -291,9 +292,14 @@ def test_plan_notices_group_flags():
     assert_match(ours, ref)
 
 
-# --- the C++ side of the plan (csrc/asgd_plan.cpp) ---------------------------
+# --- the C++ holder of eager steps (csrc/asgd_holder.cpp) -------------------
 
-def test_single_group_steps_through_the_cpp_plan_and_falls_back_when_a_grad_goes():
+def holders(opt):
+    """The C++ holders of the optimizer's slot groups (None where none was made)."""
+    return [sg.native for gs in opt._slots() for sg in gs.slot_groups]
+
+
+def test_single_group_steps_through_the_cpp_holder_and_leaves_params_without_grads_alone():
     params = [torch.nn.Parameter(torch.randn(5, 3)) for _ in range(4)]
     ref_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
     ours = ASGD(params, **KW)
@@ -307,19 +313,21 @@ def test_single_group_steps_through_the_cpp_plan_and_falls_back_when_a_grad_goes
         ref.step()
         assert_match(ours, ref)
 
+    step(drop=1)  # param 1 gets no state on the first step, as in torch
+    assert params[1] not in ours.state
+    step()  # and its state on its first step with a grad
+    (holder,) = holders(ours)
+    assert holder is not None, "a plain one-device group steps through its C++ holder"
+    step(drop=2)  # the holder skips a param without a grad
     step()
-    step()
-    plan = ours._native_plan(ours.param_groups[0])
-    assert plan is not None, "a plain one-device group steps through its C++ plan"
-    step(drop=2)  # a lone call whose plan finds a missing grad: the general path
-    step()
-    assert ours._native_plan(ours.param_groups[0]) is not None
+    assert holders(ours) == [holder]  # nothing structural changed: the same holder
 
 
 def test_ops_bump_versions_of_what_they_write_only_when_they_run():
     p, g, ax = torch.randn(3), torch.randn(3), torch.zeros(3)
     mu, eta, step = torch.ones(()), torch.full((), 0.1), torch.zeros(())
-    kw = dict(lr=0.1, lambd=0.0, alpha=0.75, t0=0.0, weight_decay=0.0, maximize=False)
+    kw = dict(lr=torch.tensor(0.1), lambd=0.0, alpha=0.75, t0=0.0, weight_decay=0.0,
+              maximize=False)
     before = [t._version for t in (p, g, ax, mu, eta, step)]
     torch.ops.torchext.asgd_([p], [g], [ax], [mu], [eta], [step], **kw)
     after = [t._version for t in (p, g, ax, mu, eta, step)]
@@ -328,6 +336,16 @@ def test_ops_bump_versions_of_what_they_write_only_when_they_run():
     with pytest.raises(TypeError):
         torch.ops.torchext.asgd_([p], [g.double()], [ax], [mu], [eta], [step], **kw)
     assert [t._version for t in (p, g, ax, mu, eta, step)] == after
+    # Through the optimizer's C++ holder (which passes a param without a
+    # grad as an undefined grad, left alone): such a param is not bumped.
+    a, b = torch.nn.Parameter(torch.randn(3)), torch.nn.Parameter(torch.randn(3))
+    opt = ASGD([a, b], lr=0.1)
+    a.grad, b.grad = torch.ones(3), torch.ones(3)
+    opt.step()
+    b.grad = None
+    versions = a._version, b._version
+    opt.step()
+    assert (a._version, b._version) == (versions[0] + 1, versions[1])
 
 
 def test_plan_groups_whose_grads_all_went_are_skipped_in_a_multi_group_step():
@@ -359,18 +377,17 @@ def step_both(ours, ref, scale=0.1):
     assert_match(ours, ref)
 
 
-def test_plan_packs_step_eta_mu_into_views_with_the_same_values():
+def test_state_is_packed_from_creation_as_views_with_the_same_values():
     ours, ref = one_group_pair()
-    step_both(ours, ref)
-    first = [dict(ours.state[p]) for p in ours.param_groups[0]["params"]]
-    assert all(st["step"]._base is None for st in first)  # not packed before the plan
-    step_both(ours, ref)  # the plan is made after this step succeeded
-    assert ours._native_plan(ours.param_groups[0]) is not None
+    step_both(ours, ref)  # creates the state: packed from the start
+    bases = set()
     for st in (ours.state[p] for p in ours.param_groups[0]["params"]):
         for k in ("step", "eta", "mu"):
             assert st[k].dim() == 0 and st[k].dtype == torch.float32 and st[k]._base is not None
+            bases.add((k, st[k]._base.data_ptr()))
+    assert len(bases) == 3  # one packed tensor per key for the whole group
     for _ in range(3):
-        step_both(ours, ref)  # through the packed plan
+        step_both(ours, ref)
 
 
 def test_plan_notices_replaced_step_eta_mu_and_sees_in_place_writes():
@@ -416,15 +433,16 @@ def test_packed_state_dict_loads_into_torch_and_back_with_weights_only(tmp_path)
         step_both(again, ref)
 
 
-def test_rejected_first_planned_step_packs_nothing():
+def test_rejected_step_keeps_the_state_tensors_and_their_values():
     ours, _ = one_group_pair()
     for p in ours.param_groups[0]["params"]:
         p.grad = torch.ones_like(p)
-    ours.step()  # state exists now; the next successful step would make the plan
+    ours.step()
     p = ours.param_groups[0]["params"][4]
     set_grad_data(p, torch.ones(4, 3, dtype=torch.float64))
     held = [ours.state[q]["step"] for q in ours.param_groups[0]["params"]]
+    before = snapshot(ours)
     with pytest.raises(TypeError, match="dtype"):
         ours.step()
-    assert ours._native_plan(ours.param_groups[0]) is None
     assert all(ours.state[q]["step"] is t for q, t in zip(ours.param_groups[0]["params"], held))
+    assert_same(snapshot(ours), before)

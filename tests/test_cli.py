@@ -272,12 +272,11 @@ def test_check_catches_a_wrong_packed_kernel(monkeypatch):
     def packed_skips_the_schedule(params, grads, axs, mus, etas, steps, **kw):
         # the update runs, but step/eta/mu never advance
         saved = [t.clone() for t in (mus, etas, steps)]
-        real.packed(params, grads, axs, mus, etas, steps, **{**kw, "lr": float(kw["lr"])})
+        real.packed(params, grads, axs, mus, etas, steps, **kw)
         for t, s in zip((mus, etas, steps), saved):
             t.copy_(s)
 
-    bad = types.SimpleNamespace(packed=packed_skips_the_schedule,
-                                packed_tensor_lr=packed_skips_the_schedule)
+    bad = types.SimpleNamespace(packed=packed_skips_the_schedule)
     monkeypatch.setattr(cli_check, "ops", _Ops(asgd_=bad))
     outcomes = cli_check.run_checks(["cpu"], [c for c in cli_check.CHECKS
                                               if c[0] == "asgd_ (packed state)"])

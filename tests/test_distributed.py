@@ -140,8 +140,8 @@ def _fsdp_model(world):
     return model
 
 
-def _torchext(model, process_group="world"):
-    opt = torchext.optim.ASGD(model.parameters(), **HP)
+def _torchext(model, process_group="world", capturable=False):
+    opt = torchext.optim.ASGD(model.parameters(), capturable=capturable, **HP)
     group = dist.group.WORLD if process_group == "world" else process_group
     scaler = torchext.amp.GradScaler(process_group=group, **SCALER)
     return opt, scaler
@@ -297,7 +297,8 @@ def _scenario_overflow(rank, world, tmpdir):
     model = _fsdp_model(world)
     # No process_group: with DTensor grads the scaler must fall back to the
     # default group by itself (as ShardedGradScaler), or the ranks diverge.
-    opt, scaler = _torchext(model, process_group=None)
+    # capturable=True: the skip is decided on the device, no host read.
+    opt, scaler = _torchext(model, process_group=None, capturable=True)
     for step in range(STEPS):
         before = [t.detach().clone() for p in model.parameters()
                   for t in (p.to_local(), *(opt.state[p].values() if p in opt.state else ()))]

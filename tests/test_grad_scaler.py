@@ -115,9 +115,15 @@ class NoHostSync(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_fused_path_is_read_only_check_plus_one_pass_and_no_sync():
+@pytest.mark.parametrize("capturable", [False, True])
+def test_fused_path_is_read_only_check_plus_one_pass(capturable):
+    """torchext's ASGD gets one read-only check and one update pass (no
+    separate unscale write pass). capturable=True: no host sync at all, the
+    skip is decided on the device. Default: one host read of found_inf (as
+    torch.optim.ASGD with torch's scaler), so an overflowed step is one where
+    step() is not called."""
     m = small_model()
-    opt = torchext.optim.ASGD(m.parameters(), lr=0.05, t0=0)
+    opt = torchext.optim.ASGD(m.parameters(), lr=0.05, t0=0, capturable=capturable)
     scaler = GradScaler(**KW)
     x, y = data()
     loss = torch.nn.functional.mse_loss(m(x), y)
@@ -130,14 +136,16 @@ def test_fused_path_is_read_only_check_plus_one_pass_and_no_sync():
             calls.append(str(func))
             return func(*args, **(kwargs or {}))
 
-    with NoHostSync(), Record():
+    with (NoHostSync() if capturable else contextlib.nullcontext()), Record():
         scaler.step(opt)
         scaler.update()
     # grads untouched: no separate unscale write pass
     for p, g in zip(m.parameters(), grads):
         assert torch.equal(p.grad, g)
-    assert "torchext.check_finite_.default" in calls and "torchext.asgd_.default" in calls
+    assert "torchext.check_finite_.default" in calls and "torchext.asgd_.packed" in calls
     assert "torchext.unscale_.default" not in calls
+    host_reads = [c for c in calls if c in ("aten._local_scalar_dense.default", "aten.item.default")]
+    assert len(host_reads) == (0 if capturable else 1)
 
 
 def test_unscale_then_fused_step_does_not_unscale_twice():
@@ -461,10 +469,10 @@ def test_user_examples_print_what_torch_prints(example, reference, capsys):
 
 def test_sync_free_lr_schedule_recipe_from_readme():
     """The README's recipe: decay a tensor lr only on steps that ran, on the
-    device, from scaler.last_step_skipped."""
+    device, from scaler.last_step_skipped (capturable=True: no host sync)."""
     m = small_model()
     lr = torch.tensor(0.1)
-    opt = torchext.optim.ASGD(m.parameters(), lr=lr)
+    opt = torchext.optim.ASGD(m.parameters(), lr=lr, capturable=True)
     scaler = GradScaler(**KW)
     x, y = data()
     expected = 0.1
@@ -483,9 +491,9 @@ def test_sync_free_lr_schedule_recipe_from_readme():
     assert lr.item() == pytest.approx(expected)
 
 
-# --- the inf check through ASGD's per-group C++ plans -------------------------
+# --- the inf check through ASGD's C++ holders (the fused-step protocol) -------
 
-def test_scaler_checks_grads_through_the_asgd_plans_and_matches_torch():
+def test_scaler_checks_grads_through_the_asgd_holders_and_matches_torch():
     g = torch.Generator().manual_seed(3)
     shapes = [(4, 3), (7,), (2, 2)]
     groups = lambda ps: [{"params": ps[:2]}, {"params": ps[2:], "lr": 0.02}]  # noqa: E731
@@ -501,11 +509,11 @@ def test_scaler_checks_grads_through_the_asgd_plans_and_matches_torch():
         grads = [torch.randn(s, generator=g) * 2.0**8 for s in shapes]
         if step in (4, 6):
             grads[2][0, 1] = float("inf") if step == 4 else float("nan")
-        drop = step == 5  # a param without grad: the plans do not hold this step
+        drop = step == 5  # a param without grad: checked all the same
         for i, (p, q, gr) in enumerate(zip(ours_p, ref_p, grads)):
             p.grad = None if drop and i == 1 else gr.clone()
             q.grad = None if drop and i == 1 else gr.clone()
-        planned.append(opt._check_finite_grads() is not None)
+        planned.append(opt.__torchext_amp_check__() is not None)
         sc.scale(one)
         rsc.scale(one)
         sc.step(opt)
@@ -519,6 +527,5 @@ def test_scaler_checks_grads_through_the_asgd_plans_and_matches_torch():
                 for k in ("ax", "step", "eta", "mu"):
                     torch.testing.assert_close(opt.state[p][k], ref.state[q][k], rtol=1e-6,
                                                atol=1e-7)
-    # steps 0-1 make the plans; from step 2 on the check goes through them,
-    # except the step with a missing grad
-    assert planned == [False, False, True, True, True, False, True, True]
+    # every step's check goes through the holders (no list from Python)
+    assert planned == [True] * 8

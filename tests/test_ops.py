@@ -30,17 +30,23 @@ def asgd_inputs(n=3, dtype=torch.float32, device="cpu", seed=0, sizes=(5, 70, 1)
     return [params, grads, axs, mus, etas, steps]
 
 
-KW = dict(lr=0.01, lambd=1e-4, alpha=0.75, t0=2.0, weight_decay=0.01, maximize=False)
+def lr_t(v, device="cpu"):
+    """The op's lr: a 1-element tensor (a CPU one is read on the host)."""
+    return torch.tensor(v, dtype=torch.float64, device=device)
+
+
+KW = dict(lr=lr_t(0.01), lambd=1e-4, alpha=0.75, t0=2.0, weight_decay=0.01, maximize=False)
 
 
 def snapshot(args):
-    return [[t.clone() for t in lst] for lst in args]
+    return [[None if t is None else t.clone() for t in lst] for lst in args]
 
 
 def assert_unchanged(args, snap):
     for lst, old in zip(args, snap):
         for t, o in zip(lst, old):
-            if t.is_meta:
+            if t is None or t.is_meta:
+                assert (t is None) == (o is None)
                 continue
             if t.is_sparse:
                 t, o = t.to_dense(), o.to_dense()
@@ -52,13 +58,9 @@ class TestSchemas(expecttest.TestCase):
 
     def test_schemas(self):
         self.assertExpectedInline(str(ops.asgd_.default._schema), """\
-torchext::asgd_(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, Tensor(c! -> *)[] mus, Tensor(d! -> *)[] etas, Tensor(e! -> *)[] steps, *, float lr, float lambd, float alpha, float t0, float weight_decay, bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None) -> ()""")
-        self.assertExpectedInline(str(ops.asgd_.tensor_lr._schema), """\
-torchext::asgd_.tensor_lr(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, Tensor(c! -> *)[] mus, Tensor(d! -> *)[] etas, Tensor(e! -> *)[] steps, *, Tensor lr, float lambd, float alpha, float t0, float weight_decay, bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None) -> ()""")
+torchext::asgd_(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, Tensor(c! -> *)[] mus, Tensor(d! -> *)[] etas, Tensor(e! -> *)[] steps, *, Tensor lr, float lambd, float alpha, float t0, float weight_decay, bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None) -> ()""")
         self.assertExpectedInline(str(ops.asgd_.packed._schema), """\
-torchext::asgd_.packed(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, Tensor(c!) mus, Tensor(d!) etas, Tensor(e!) steps, *, float lr, float lambd, float alpha, float t0, float weight_decay, bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None) -> ()""")
-        self.assertExpectedInline(str(ops.asgd_.packed_tensor_lr._schema), """\
-torchext::asgd_.packed_tensor_lr(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, Tensor(c!) mus, Tensor(d!) etas, Tensor(e!) steps, *, Tensor lr, float lambd, float alpha, float t0, float weight_decay, bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None) -> ()""")
+torchext::asgd_.packed(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, Tensor(c!) mus, Tensor(d!) etas, Tensor(e!) steps, *, Tensor lr, float lambd, float alpha, float t0, float weight_decay, bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None) -> ()""")
         self.assertExpectedInline(str(ops.check_finite_.default._schema), """\
 torchext::check_finite_(Tensor[] tensors, Tensor(a!) found_inf) -> ()""")
         self.assertExpectedInline(str(ops.unscale_.default._schema), """\
@@ -87,11 +89,10 @@ RuntimeError: asgd_: ASGD does not support sparse gradients (grads[1] is sparse)
         bad = [a[1][0], a[1][1].to("meta"), a[1][2]]
         self.assertExpectedInline(self._msg(lambda: ops.asgd_(a[0], bad, *a[2:], **KW)), """\
 RuntimeError: asgd_: grads[1] is on meta but params[1] is on cpu""")
-        self.assertExpectedInline(self._msg(lambda: ops.asgd_(*a, **{**KW, "lr": -1.0})), """\
+        self.assertExpectedInline(self._msg(lambda: ops.asgd_(*a, **{**KW, "lr": lr_t(-1.0)})), """\
 ValueError: asgd_: invalid learning rate: -1 (must be >= 0)""")
         self.assertExpectedInline(
-            self._msg(lambda: ops.asgd_.tensor_lr(*a, **{**KW, "lr": torch.ones(2)})), """\
-ValueError: asgd_: a tensor lr must hold exactly one element, got shape [2]""")
+            self._msg(lambda: ops.asgd_(*a, **{**KW, "lr": torch.ones(2)})), """ValueError: asgd_: lr must hold exactly one element, got shape [2]""")
         self.assertExpectedInline(
             self._msg(lambda: ops.update_scale_(
                 torch.ones(()), torch.zeros((), dtype=torch.int32),
@@ -113,7 +114,7 @@ def opcheck_samples(device):
         samples.append((ops.asgd_.default, a, dict(KW, maximize=True, grad_scale=scale,
                                                    found_inf=torch.zeros((), device=device))))
         a = asgd_inputs(dtype=dtype, device=device)
-        samples.append((ops.asgd_.tensor_lr, a,
+        samples.append((ops.asgd_.default, a,
                         dict(KW, lr=torch.tensor(0.02, device=device))))
     grads = asgd_inputs(device=device)[1] + [torch.tensor([1.0, float("inf")], device=device)]
     samples.append((ops.check_finite_.default, [grads, torch.zeros((), device=device)], {}))
@@ -148,7 +149,7 @@ def test_opcheck_cuda(idx):
 
 
 def test_every_op_has_cpu_meta_and_cuda_kernels():
-    for name in ("asgd_", "asgd_.tensor_lr", "asgd_.packed", "asgd_.packed_tensor_lr",
+    for name in ("asgd_", "asgd_.packed",
                  "check_finite_", "unscale_", "update_scale_"):
         dump = torch._C._dispatch_dump(f"torchext::{name}")
         assert "\nCPU: registered" in dump and "\nMeta: registered" in dump, dump
@@ -161,7 +162,7 @@ def test_meta_kernels_validate_like_cpu():
     the Meta kernels directly, with good and bad input."""
     a = asgd_inputs(device="meta")
     ops.asgd_(*a, **KW)  # runs, touches nothing
-    ops.asgd_.tensor_lr(*a, **{**KW, "lr": torch.tensor(0.1, device="meta")})
+    ops.asgd_(*a, **{**KW, "lr": torch.tensor(0.1, device="meta")})
     with pytest.raises(TypeError, match=r"grads\[1\] has dtype Double"):
         ops.asgd_(a[0], [a[1][0], a[1][1].double(), a[1][2]], *a[2:], **KW)
     with pytest.raises(ValueError, match="same length"):
@@ -175,7 +176,7 @@ def test_asgd_under_fake_tensor_mode():
     from torch._subclasses.fake_tensor import FakeTensorMode
     with FakeTensorMode():
         a = asgd_inputs()
-        ops.asgd_(*a, **KW)
+        ops.asgd_(*a, **{**KW, "lr": lr_t(0.01)})
 
 
 def _reference_step(a, kw, grad_scale=None):
@@ -186,7 +187,7 @@ def _reference_step(a, kw, grad_scale=None):
         inv = torch.tensor(1.0 / grad_scale, dtype=torch.float32)
         grads = [g * inv for g in grads]
     torch_asgd(params, grads, axs, mus, etas, steps, foreach=False, maximize=kw["maximize"],
-               lambd=kw["lambd"], lr=kw["lr"], t0=kw["t0"], alpha=kw["alpha"],
+               lambd=kw["lambd"], lr=float(kw["lr"]), t0=kw["t0"], alpha=kw["alpha"],
                weight_decay=kw["weight_decay"])
     return [params, grads, axs, mus, etas, steps]
 
@@ -206,7 +207,7 @@ def test_found_inf_leaves_every_tensor_bit_identical():
     snap = snapshot(a)
     ops.asgd_(*a, **KW, grad_scale=torch.tensor(8.0), found_inf=torch.tensor(1.0))
     assert_unchanged(a, snap)
-    ops.asgd_.tensor_lr(*a, **{**KW, "lr": torch.tensor(0.1)}, found_inf=torch.tensor(1.0))
+    ops.asgd_(*a, **{**KW, "lr": torch.tensor(0.1)}, found_inf=torch.tensor(1.0))
     assert_unchanged(a, snap)
     # found_inf == 0 steps as if it were not given
     b = copy.deepcopy(snap)
@@ -243,8 +244,8 @@ def test_empty_list_is_noop():
     found_inf, grad_scale, lr = torch.zeros(()), torch.tensor(float("inf")), torch.tensor(0.1)
     before = [t.clone() for t in (found_inf, grad_scale, lr)]
     ops.asgd_([], [], [], [], [], [], **KW, grad_scale=grad_scale, found_inf=found_inf)
-    ops.asgd_.tensor_lr([], [], [], [], [], [], **{**KW, "lr": lr}, grad_scale=grad_scale,
-                        found_inf=found_inf)
+    ops.asgd_([], [], [], [], [], [], **{**KW, "lr": lr}, grad_scale=grad_scale,
+              found_inf=found_inf)
     ops.check_finite_([], found_inf)
     ops.unscale_([], found_inf, grad_scale)
     for t, b in zip((found_inf, grad_scale, lr), before):
@@ -279,7 +280,7 @@ def _bad_asgd_cases():
     a = mk(); a[1][1] = a[1][1].to("meta"); cases["device"] = (a, KW, RuntimeError, "is on meta")
     a = mk(); a[2][0] = a[0][0]; cases["alias"] = (a, KW, RuntimeError, "must not share memory")
     for name, val in (("lr", -0.1), ("lambd", -1.0), ("alpha", -0.5), ("weight_decay", -1e-3)):
-        cases[f"negative {name}"] = (mk(), {**KW, name: val}, ValueError, f"invalid {name.replace('lr', 'learning rate')}")
+        cases[f"negative {name}"] = (mk(), {**KW, name: lr_t(val) if name == "lr" else val}, ValueError, f"invalid {name.replace('lr', 'learning rate')}")
     cases["grad_scale shape"] = (mk(), {**KW, "grad_scale": torch.ones(2)}, ValueError, "grad_scale must hold")
     cases["grad_scale dtype"] = (mk(), {**KW, "grad_scale": torch.ones((), dtype=torch.float64)}, TypeError, "grad_scale must be a float32")
     cases["found_inf dtype"] = (mk(), {**KW, "found_inf": torch.zeros((), dtype=torch.int32)}, TypeError, "found_inf must be a float32")
@@ -348,7 +349,7 @@ def test_bad_tensor_lr(lr):
     a = asgd_inputs()
     snap = snapshot(a)
     with pytest.raises((ValueError, TypeError), match="lr|learning rate"):
-        ops.asgd_.tensor_lr(*a, **{**KW, "lr": lr})
+        ops.asgd_(*a, **{**KW, "lr": lr})
     assert_unchanged(a, snap)
 
 

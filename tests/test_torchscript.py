@@ -12,6 +12,7 @@ import torchext  # noqa: F401  (registers torch.ops.torchext.*)
 
 ops = torch.ops.torchext
 KW = dict(lr=0.05, lambd=1e-3, alpha=0.75, t0=2.0, weight_decay=1e-2, maximize=False)
+LR = torch.tensor(KW["lr"], dtype=torch.float64)  # the op's lr is a 1-element tensor
 
 
 @pytest.fixture(autouse=True)
@@ -38,7 +39,7 @@ def test_every_mutated_list_is_declared_so_torchscript_keeps_the_call():
             # AliasInfo does not expose: read it from the schema text.)
             assert f"! -> *)[] {arg.name}" in text, \
                 f"{schema.name}: {arg.name} must be declared Tensor(x! -> *)[]"
-    assert checked >= 11  # asgd_ (2 overloads x 5 lists) and unscale_
+    assert checked == 10  # asgd_ (5 lists), asgd_.packed (2), unscale_ (1), swap_ (2)
 
 
 class ASGDStep(torch.nn.Module):
@@ -54,6 +55,7 @@ class ASGDStep(torch.nn.Module):
             self.register_buffer(f"mu_{name}", torch.ones(()))
             self.register_buffer(f"eta_{name}", torch.full((), KW["lr"]))
             self.register_buffer(f"step_{name}", torch.zeros(()))
+        self.register_buffer("lr", LR.clone())
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         loss = (self.lin(x) - y).pow(2).mean()
@@ -66,8 +68,8 @@ class ASGDStep(torch.nn.Module):
             torch.ops.torchext.asgd_(
                 [self.lin.weight, self.lin.bias], gs, [self.ax_weight, self.ax_bias],
                 [self.mu_weight, self.mu_bias], [self.eta_weight, self.eta_bias],
-                [self.step_weight, self.step_bias], lr=0.05, lambd=1e-3, alpha=0.75, t0=2.0,
-                weight_decay=1e-2, maximize=False)
+                [self.step_weight, self.step_bias], lr=self.lr, lambd=1e-3, alpha=0.75,
+                t0=2.0, weight_decay=1e-2, maximize=False)
         return loss.detach()
 
 
@@ -103,9 +105,9 @@ def test_scripted_function_with_a_list_built_at_the_call_site():
     @torch.jit.script
     def step(p: torch.Tensor, g: torch.Tensor, ax: torch.Tensor, mu: torch.Tensor,
              eta: torch.Tensor, s: torch.Tensor, lr: torch.Tensor):
-        torch.ops.torchext.asgd_([p], [g], [ax], [mu], [eta], [s], lr=lr,  # tensor_lr
-                                           lambd=1e-3, alpha=0.75, t0=2.0, weight_decay=1e-2,
-                                           maximize=False)
+        torch.ops.torchext.asgd_([p], [g], [ax], [mu], [eta], [s], lr=lr,
+                                 lambd=1e-3, alpha=0.75, t0=2.0, weight_decay=1e-2,
+                                 maximize=False)
 
     gen = torch.Generator().manual_seed(2)
     p0, g0 = torch.randn(5, generator=gen), torch.randn(5, generator=gen)
@@ -115,8 +117,8 @@ def test_scripted_function_with_a_list_built_at_the_call_site():
     lr = torch.tensor(0.05)
     for _ in range(5):
         step(p, g0, ax, mu, eta, s, lr)
-        ops.asgd_.tensor_lr([pe], [g0], [axe], [mue], [etae], [se], lr=lr, lambd=1e-3,
-                            alpha=0.75, t0=2.0, weight_decay=1e-2, maximize=False)
+        ops.asgd_([pe], [g0], [axe], [mue], [etae], [se], lr=lr, lambd=1e-3,
+                  alpha=0.75, t0=2.0, weight_decay=1e-2, maximize=False)
     assert s.item() == 5
     for got, want in ((p, pe), (ax, axe), (mu, mue), (eta, etae), (s, se)):
         assert torch.equal(got, want)

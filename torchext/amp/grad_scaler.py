@@ -1,12 +1,13 @@
-"""``torchext.amp.GradScaler``: torch's GradScaler API on torchext's ops, with
-no host sync on the fused path and what users asked for beyond torch.
+"""``torchext.amp.GradScaler``: torch's GradScaler on torchext's ops.
 
-It extends ``torch.amp.GradScaler`` as torch's own ``ShardedGradScaler`` does:
-``super().__init__``, torch's ``OptState``, and only the methods that differ
-overridden. One constraint decides which: Dynamo does not trace code defined
-in torch/amp/grad_scaler.py, so everything a compiled training step calls
+It extends ``torch.amp.GradScaler`` as torch's own ``ShardedGradScaler``
+does: construction, the getters and setters, ``state_dict`` and pickling are
+torch's (extended with torchext's keys). Overridden is what differs, and one
+constraint decides it: Dynamo does not trace code defined in
+torch/amp/grad_scaler.py, so everything a compiled training step calls
 (``scale``, ``unscale_``, ``step``, ``update`` and their helpers) is defined
-here, and only host-side methods (getters, setters, pickling) are inherited.
+here. How an optimizer is stepped (plain or fused) is the protocol in
+``protocol.py``; the checkpoint rules are in ``_checkpoint.py``.
 """
 from __future__ import annotations
 
@@ -19,12 +20,12 @@ import torch
 from torch import Tensor
 from torch.amp.grad_scaler import OptState
 
-from .._compile_compat import param_groups
-from ..optim._dtensor import to_local
+from . import _checkpoint, protocol
+from ._grads import GradsByDevice
 
-__all__ = ["GradScaler", "OptState", "param_groups"]
+__all__ = ["GradScaler", "OptState"]
 
-STATE_DICT_VERSION = 1
+STATE_DICT_VERSION = _checkpoint.STATE_DICT_VERSION
 
 
 def _refresh_per_optimizer_state() -> dict[str, Any]:
@@ -37,46 +38,6 @@ def _step_takes_grad_scaler(optimizer) -> bool:
     # torch's older contract for _step_supports_amp_scaling optimizers: a
     # step(grad_scaler=...) keyword gets the scaler itself.
     return "grad_scaler" in inspect.signature(optimizer.step).parameters
-
-
-class _GradsByDevice:
-    """The optimizer's gradients grouped by device (sparse ones by their
-    values), gathered and checked in full before anything is written.
-
-    ``sharded``: some grad was a DTensor (each rank sees only its shard).
-    ``coalesced``: (param, coalesced grad) for uncoalesced fp16 sparse grads;
-    assigned to ``param.grad`` only by a pass that writes (unscale)."""
-
-    def __init__(self, optimizer, allow_fp16: bool) -> None:
-        self.lists: dict[torch.device, list[Tensor]] = defaultdict(list)
-        self.sharded = False
-        self.coalesced: list[tuple[Tensor, Tensor]] = []
-        for group in param_groups(optimizer):
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                # DTensor (FSDP2) grads: the ops check/unscale this rank's
-                # shard; found_inf is then all-reduced over process_group.
-                grad = to_local(param.grad)
-                self.sharded = self.sharded or grad is not param.grad
-                if not allow_fp16 and grad.dtype == torch.float16:
-                    raise ValueError("Attempting to unscale FP16 gradients.")
-                if grad.is_sparse:
-                    if grad.dtype is torch.float16 and not grad.is_coalesced():
-                        grad = grad.coalesce()
-                        self.coalesced.append((param, grad))
-                    grad = grad._values()
-                self.lists[grad.device].append(grad)
-
-    def validate(self, op) -> None:
-        """Runs ``op``'s checks on every device's list but the first, on
-        shadows on the meta device, so that a list the op refuses on a later
-        device is refused before the first device's list is written (each
-        op call checks its own list in full before writing)."""
-        for grads in list(self.lists.values())[1:]:
-            shadows = [torch.empty_like(g, device="meta") for g in grads]
-            found = torch.zeros((), dtype=torch.float32, device="meta")
-            op(shadows, found)
 
 
 class GradScaler(torch.amp.GradScaler):
@@ -106,17 +67,20 @@ class GradScaler(torch.amp.GradScaler):
             When gradients are DTensors (FSDP2) and no group is given, the
             default (WORLD) group is used, as ShardedGradScaler does.
 
-    ``scaler.step(opt)`` with an optimizer that has
-    ``_step_supports_amp_scaling`` (torchext's ASGD, torch's fused
-    Adam/AdamW/SGD) runs a read-only inf/NaN check and hands ``grad_scale``
-    and ``found_inf`` to the optimizer, which unscales on the fly and skips
-    on the device: no ``.item()``, no separate unscale pass. Other
-    optimizers get torch's behaviour: unscale, a host check, then step.
+    ``scaler.step(opt)`` steps torchext's ASGD (and any optimizer with the
+    fused-step protocol, ``torchext/amp/protocol.py``) in one fused pass: a
+    read-only inf/NaN check, then a step that unscales on the fly. Whether
+    ``step()`` is called on an overflow follows torch: not called (one host
+    read of found_inf), unless no host read may happen (torch.compile,
+    CUDA-graph capture, ``capturable=True``): then the skip is decided on
+    the device. Other optimizers get torch's behaviour: unscale, a host
+    check, then step.
 
     :meth:`step` and :meth:`unscale_` are all-or-nothing: every gradient of
     every group and device is checked before the first one is written, and
     when the optimizer's step raises, the scaler's records for that
-    optimizer are as they were before the call.
+    optimizer are as they were before the call. :meth:`step` returns what
+    the optimizer's ``step()`` returned (None when it was skipped).
     """
 
     def __init__(
@@ -141,18 +105,9 @@ class GradScaler(torch.amp.GradScaler):
         self._allow_fp16 = allow_fp16
         self._process_group = process_group
         if self._enabled:
-            if not init_scale > 0.0:
-                raise ValueError(f"init_scale must be > 0, got {init_scale}")
-            if backoff_factor <= 0.0:
-                raise ValueError("The backoff factor must be > 0.0.")
-            if int(growth_interval) < 1:
-                raise ValueError(f"growth_interval must be >= 1, got {growth_interval}")
-            if int(hysteresis) < 1:
-                raise ValueError(f"hysteresis must be >= 1, got {hysteresis}")
-            lo = 0.0 if min_scale is None else float(min_scale)
-            hi = float("inf") if max_scale is None else float(max_scale)
-            if not 0.0 <= lo <= hi:
-                raise ValueError(f"need 0 <= min_scale <= max_scale, got {min_scale}, {max_scale}")
+            _checkpoint.check_options(init_scale=init_scale, backoff_factor=backoff_factor,
+                                      growth_interval=growth_interval, hysteresis=hysteresis,
+                                      min_scale=min_scale, max_scale=max_scale)
             self._growth_interval = int(growth_interval)
             self._hysteresis = int(hysteresis)
             self._init_hysteresis_tracker = int(hysteresis)
@@ -252,7 +207,7 @@ class GradScaler(torch.amp.GradScaler):
                         allow_fp16: bool) -> dict[torch.device, Tensor]:
         """Unscales the grads in place and checks them (one pass per device),
         after every device's grads passed the op's checks."""
-        grads = _GradsByDevice(optimizer, allow_fp16)
+        grads = GradsByDevice(optimizer, allow_fp16)
         unscale = torch.ops.torchext.unscale_
         grads.validate(lambda ts, found: unscale(ts, found, torch.ones_like(found)))
         for param, coalesced in grads.coalesced:
@@ -267,19 +222,16 @@ class GradScaler(torch.amp.GradScaler):
         return found_per_device
 
     def _check_inf_grads(self, optimizer) -> dict[torch.device, Tensor]:
-        """Read-only inf/NaN check of the grads (the fused path): they are
+        """Read-only inf/NaN check of the grads (the fused step): they are
         read once and nothing but the returned found_inf is written."""
-        # torchext's ASGD checks them through its per-group C++ plans when
-        # those hold (no per-tensor Python work; same op, same result).
-        planned = getattr(optimizer, "_check_finite_grads", None)
-        found_per_device = planned() if planned is not None else None
+        found_per_device = protocol.fused_check(optimizer)
         if found_per_device is not None:
             self._sync_found_inf(found_per_device, sharded=False)
             return found_per_device
-        grads = _GradsByDevice(optimizer, allow_fp16=True)
+        grads = GradsByDevice(optimizer, allow_fp16=True)
         check = torch.ops.torchext.check_finite_
         grads.validate(check)
-        found_per_device: dict[torch.device, Tensor] = {}
+        found_per_device = {}
         with torch.no_grad():
             for device, tensors in grads.lists.items():
                 found = torch.zeros((), dtype=torch.float32, device=device)
@@ -342,13 +294,15 @@ class GradScaler(torch.amp.GradScaler):
 
     def step(self, optimizer, *args: Any, **kwargs: Any):
         """Unscales (unless :meth:`unscale_` was called) and steps the
-        optimizer unless its gradients hold inf/NaN.
+        optimizer unless its gradients hold inf/NaN; returns what
+        ``optimizer.step()`` returned, or None when it was not called.
 
-        With ``_step_supports_amp_scaling`` optimizers this is sync-free: the
-        optimizer receives ``grad_scale``/``found_inf`` (the scale multiplied
-        by a ``grad_scale`` already set on the optimizer, as torch) and skips
-        on device. One whose ``step`` takes a ``grad_scaler`` keyword gets
-        this scaler that way instead, with torch's FutureWarning.
+        Optimizers with the fused-step protocol (``protocol.py``: torchext's
+        ASGD, torch's fused Adam/AdamW/SGD) get ``grad_scale``/``found_inf``
+        and unscale on the fly (``grad_scale`` multiplied by one already set
+        on the optimizer, as torch). One whose ``step`` takes a
+        ``grad_scaler`` keyword gets this scaler that way instead, with
+        torch's FutureWarning.
         """
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
@@ -358,21 +312,23 @@ class GradScaler(torch.amp.GradScaler):
         stage = self._optimizer_state(optimizer)["stage"]
         if stage is OptState.STEPPED:
             raise RuntimeError("step() has already been called since the last update().")
-        if getattr(optimizer, "_step_supports_amp_scaling", False):
+        if protocol.takes_grad_scale(optimizer):
             retval = self._fused_step(optimizer, stage, args, kwargs)
         else:
             if stage is OptState.READY:
                 self.unscale_(optimizer)
-            optimizer_state = self._per_optimizer_states[id(optimizer)]
-            if len(optimizer_state["found_inf_per_device"]) == 0:
+            found_per_device = self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+            if len(found_per_device) == 0:
                 raise AssertionError("No inf checks were recorded for this optimizer.")
-            retval = self._maybe_opt_step(optimizer, optimizer_state, *args, **kwargs)
+            retval = None
+            if not sum(v.item() for v in found_per_device.values()):
+                retval = optimizer.step(*args, **kwargs)
         self._per_optimizer_states[id(optimizer)]["stage"] = OptState.STEPPED
         return retval
 
     def _fused_step(self, optimizer, stage, args, kwargs):
-        """The optimizer unscales and skips by itself. Nothing is recorded
-        for it until its step returned."""
+        """The optimizer unscales (and, with no host read allowed, skips) by
+        itself. Nothing is recorded for it until its step returned."""
         if _step_takes_grad_scaler(optimizer):
             warnings.warn(
                 "GradScaler is going to stop passing itself as a keyword argument to the passed "
@@ -385,6 +341,15 @@ class GradScaler(torch.amp.GradScaler):
         else:
             found_per_device = self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
         found_inf = self._combined_found_inf([{"found_inf_per_device": found_per_device}])
+        device_skip = protocol.must_not_sync(optimizer)
+        retval = None
+        if device_skip or not found_inf.item():
+            retval = self._step_with(optimizer, stage, found_inf if device_skip else None,
+                                     args, kwargs)
+        self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = found_per_device
+        return retval
+
+    def _step_with(self, optimizer, stage, found_inf, args, kwargs):
         # Already unscaled (e.g. for clipping): do not unscale twice. A
         # grad_scale already on the optimizer is multiplied in, as torch does.
         had_scale = hasattr(optimizer, "grad_scale")
@@ -405,9 +370,8 @@ class GradScaler(torch.amp.GradScaler):
                 del optimizer.grad_scale
             del optimizer.found_inf
             raise
-        del optimizer.grad_scale
+        del optimizer.grad_scale  # as torch, also one the user had set
         del optimizer.found_inf
-        self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = found_per_device
         return retval
 
     # ---------------------------------------------------------------- update
@@ -495,22 +459,19 @@ class GradScaler(torch.amp.GradScaler):
             return self._init_skipped_steps
         return int(self._skipped_steps.item())
 
-    # ---------------------------------------------- getters (host side)
-    # get_scale, the growth/backoff/interval getters and setters,
-    # is_enabled and _get_growth_tracker are torch's.
-
     def _get_hysteresis_tracker(self) -> int:
         return (self._init_hysteresis_tracker if self._hysteresis_tracker is None
                 else int(self._hysteresis_tracker.item()))
 
     # ------------------------------------------------------------ checkpoint
+    # get_scale, the growth/backoff/interval getters and setters,
+    # is_enabled, _get_growth_tracker and __setstate__ are torch's.
 
     def state_dict(self) -> dict[str, Any]:
-        """The scaler's state: only numbers, so it loads with
-        ``torch.load(weights_only=True)``. torch's five keys come first (so
-        ``torch.amp.GradScaler.load_state_dict`` reads it and ignores the
-        rest); torchext adds a version, hysteresis, clamps and the skip count.
-        Empty when disabled, as torch."""
+        """torch's state_dict (its five keys first, so
+        ``torch.amp.GradScaler.load_state_dict`` reads ours), plus torchext's
+        version, hysteresis, clamps and skip count: only numbers, so it loads
+        with ``torch.load(weights_only=True)``. Empty when disabled, as torch."""
         if not self._enabled:
             return {}
         return {
@@ -525,42 +486,26 @@ class GradScaler(torch.amp.GradScaler):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Loads a state_dict of this class or of ``torch.amp.GradScaler``,
-        before or after the first :meth:`scale`. Validated before anything
-        changes. A torch state_dict leaves the torchext-only settings as
-        constructed (hysteresis tracker full, skip count 0)."""
+        before or after the first :meth:`scale`. All of it is checked first
+        (numbers, the constructor's rules, a finite scale > 0): when it is
+        refused, nothing changes. A torch state_dict leaves the
+        torchext-only settings as constructed (hysteresis tracker full, skip
+        count 0)."""
         if not self._enabled:
             return
         if len(state_dict) == 0:
             raise RuntimeError(
                 "The source state dict is empty, possibly because it was saved "
                 "from a disabled instance of GradScaler.")
-        missing = [k for k in ("scale", "growth_factor", "backoff_factor", "growth_interval",
-                               "_growth_tracker") if k not in state_dict]
-        if missing:
-            raise KeyError(f"GradScaler state_dict is missing {missing}")
-        version = state_dict.get("_torchext_version", 0)
-        if version > STATE_DICT_VERSION:
-            raise RuntimeError(
-                f"GradScaler state_dict version {version} is newer than this torchext "
-                f"understands ({STATE_DICT_VERSION}); upgrade torchext.")
-        sd = dict(state_dict)
-        for key in ("scale", "growth_factor", "backoff_factor"):
-            sd[key] = float(sd[key])
-        self._init_scale = sd["scale"]
-        self._growth_factor = sd["growth_factor"]
-        self._backoff_factor = sd["backoff_factor"]
-        self._growth_interval = int(sd["growth_interval"])
-        self._init_growth_tracker = int(sd["_growth_tracker"])
-        if version >= 1:
-            self._hysteresis = int(sd["hysteresis"])
-            self._init_hysteresis_tracker = int(sd["_hysteresis_tracker"])
-            lo, hi = float(sd["min_scale"]), float(sd["max_scale"])
-            self._min_scale = None if lo == 0.0 else lo
-            self._max_scale = None if hi == float("inf") else hi
-            self._init_skipped_steps = int(sd["skipped_steps"])
+        sd = _checkpoint.parse_state_dict(state_dict)
+        super().load_state_dict({k: sd[k] for k in _checkpoint.TORCH_KEYS})
+        if sd["version"] >= 1:
+            self._hysteresis = sd["hysteresis"]
+            self._init_hysteresis_tracker = sd["_hysteresis_tracker"]
+            self._min_scale = None if sd["min_scale"] == 0.0 else sd["min_scale"]
+            self._max_scale = None if sd["max_scale"] == float("inf") else sd["max_scale"]
+            self._init_skipped_steps = sd["skipped_steps"]
         if self._scale is not None:
-            self._scale.fill_(self._init_scale)
-            self._growth_tracker.fill_(self._init_growth_tracker)
             self._hysteresis_tracker.fill_(self._init_hysteresis_tracker)
             self._skipped_steps.fill_(self._init_skipped_steps)
 

@@ -165,15 +165,14 @@ def _asgd_vs_torch(device, gen, rng, tally, tensor_lr, dtype, grad_scale=None, p
         if inv is not None:  # GradScaler.unscale_'s math: multiply by the float32 inverse
             ref_grads = [g * inv for g in grads]
         torch_asgd(ref[0], ref_grads, *ref[1:], foreach=False, lr=lr, **kw)
+        # The op's lr: a float32 tensor on the device (read there), or a
+        # float64 CPU tensor (what a float lr becomes: read on the host).
+        lr_t = (torch.tensor(lr, device=device) if tensor_lr
+                else torch.tensor(lr, dtype=torch.float64))
         if packed:
-            op = ops.asgd_.packed_tensor_lr if tensor_lr else ops.asgd_.packed
-            op(params, grads, axs, *bufs, lr=torch.tensor(lr, device=device) if tensor_lr else lr,
-               **kw, **extra)
-        elif tensor_lr:
-            ops.asgd_.tensor_lr(params, grads, axs, mus, etas, steps,
-                                lr=torch.tensor(lr, device=device), **kw, **extra)
+            ops.asgd_.packed(params, grads, axs, *bufs, lr=lr_t, **kw, **extra)
         else:
-            ops.asgd_(params, grads, axs, mus, etas, steps, lr=lr, **kw, **extra)
+            ops.asgd_(params, grads, axs, mus, etas, steps, lr=lr_t, **kw, **extra)
     tally.case()
     what = f"{dtype} {shapes} {lay} {kw}"
     for name, ours, theirs in (("param", params, ref[0]), ("ax", axs, ref[1])):
@@ -186,20 +185,21 @@ def _asgd_vs_torch(device, gen, rng, tally, tensor_lr, dtype, grad_scale=None, p
 
 
 def check_asgd_float_lr(device, gen, rng, tally):
-    """asgd_ (float lr) vs torch.optim.ASGD's for-loop math."""
+    """asgd_ with a float lr (a CPU float64 tensor, read on the host) vs
+    torch.optim.ASGD's for-loop math."""
     for dtype in DTYPES:
         _asgd_vs_torch(device, gen, rng, tally, False, dtype)
 
 
 def check_asgd_tensor_lr(device, gen, rng, tally):
-    """asgd_.tensor_lr vs torch.optim.ASGD's for-loop math."""
+    """asgd_ with a tensor lr on the device vs torch.optim.ASGD's for-loop math."""
     for dtype in DTYPES:
         _asgd_vs_torch(device, gen, rng, tally, True, dtype)
 
 
 def check_asgd_packed(device, gen, rng, tally):
-    """asgd_.packed (step/eta/mu as one 1-D tensor each, what ASGD's plan
-    calls) vs torch.optim.ASGD's for-loop math, float and tensor lr."""
+    """asgd_.packed (step/eta/mu as one 1-D tensor each, what the optimizer
+    keeps) vs torch.optim.ASGD's for-loop math, host and device lr."""
     for dtype in DTYPES:
         _asgd_vs_torch(device, gen, rng, tally, rng.random() < 0.5, dtype, packed=True)
 
@@ -213,7 +213,8 @@ def check_asgd_grad_scale(device, gen, rng, tally):
     grads = [_tensor(s, torch.float32, device, gen, la) for s, la in zip(shapes, lay)]
     lists = [params, axs, mus, etas, steps]
     before = [[t.clone() for t in lst] for lst in lists]
-    ops.asgd_(params, grads, axs, mus, etas, steps, lr=0.1, lambd=1e-4, alpha=0.75, t0=0.0,
+    ops.asgd_(params, grads, axs, mus, etas, steps, lr=torch.tensor(0.1, dtype=torch.float64),
+              lambd=1e-4, alpha=0.75, t0=0.0,
               weight_decay=0.01, maximize=False, grad_scale=torch.tensor(2.0, device=device),
               found_inf=torch.ones((), device=device))
     tally.case()
@@ -325,7 +326,8 @@ def _bad_inputs(device):
                 [torch.ones((), **dev) for _ in p], [torch.full((), 0.1, **dev) for _ in p],
                 [torch.zeros((), **dev) for _ in p]]
 
-    kw = dict(lr=0.1, lambd=1e-4, alpha=0.75, t0=0.0, weight_decay=0.0, maximize=False)
+    kw = dict(lr=torch.tensor(0.1, dtype=torch.float64), lambd=1e-4, alpha=0.75, t0=0.0,
+              weight_decay=0.0, maximize=False)
     cases = []
 
     def asgd_case(what, mutate, **over):
@@ -339,7 +341,7 @@ def _bad_inputs(device):
               lambda a: a[1].__setitem__(1, a[1][1].double()))
     asgd_case("asgd_: integer parameter",
               lambda a: [a[i].__setitem__(1, a[i][1].int()) for i in range(3)])
-    asgd_case("asgd_: negative lr", lambda a: None, lr=-1.0)
+    asgd_case("asgd_: negative lr", lambda a: None, lr=torch.tensor(-1.0, dtype=torch.float64))
     asgd_case("asgd_: float64 grad_scale", lambda a: None,
               grad_scale=torch.ones((), dtype=torch.float64, **dev))
     asgd_case("asgd_: ax aliasing its param", lambda a: a[2].__setitem__(0, a[0][0]))
@@ -395,9 +397,8 @@ def check_cuda_graph(device, gen, rng, tally):
         scale_, growth_, hyst_, found_ = amp
         found_.zero_()
         ops.check_finite_(g, found_)
-        ops.asgd_.tensor_lr(p, g, a, m, e, s, lr=lr, lambd=1e-4, alpha=0.75, t0=1.0,
-                            weight_decay=0.01, maximize=False, grad_scale=scale_,
-                            found_inf=found_)
+        ops.asgd_(p, g, a, m, e, s, lr=lr, lambd=1e-4, alpha=0.75, t0=1.0,
+                  weight_decay=0.01, maximize=False, grad_scale=scale_, found_inf=found_)
         ops.update_scale_(scale_, growth_, hyst_, found_, growth_factor=2.0,
                           backoff_factor=0.5, growth_interval=2)
 

@@ -27,12 +27,12 @@ from . import _dtensor
 __all__ = ["averaged_parameters", "start_averaging", "NonMonotonicTrigger",
            "averaged_state_dict"]
 
-_FLAG = "_averaged_in"  # set on the optimizer while its parameters hold averages
+FLAG = "_averaged_in"  # set on the optimizer while its parameters hold averages
 
 
 def check_not_averaging(optimizer: Any) -> None:
     """Raises if ``optimizer``'s parameters currently hold their averages."""
-    if getattr(optimizer, _FLAG, False):
+    if getattr(optimizer, FLAG, False):
         raise RuntimeError(
             "ASGD.step() inside averaged_parameters(): the parameters hold their averages "
             "right now; leave the `with` block before stepping (nothing was changed)")
@@ -88,20 +88,20 @@ def averaged_parameters(optimizer: Any) -> Iterator[None]:
     ``load_state_dict()`` are refused inside; nesting is refused.
     DTensor (FSDP2) parameters swap their local shards, with no communication.
     """
-    if getattr(optimizer, _FLAG, False):
+    if getattr(optimizer, FLAG, False):
         raise RuntimeError("averaged_parameters() is already active for this optimizer "
                            "(nested use is not supported)")
     pairs = _local_pairs(optimizer)
     _swap(pairs)  # raises with nothing swapped on bad state
     handles = [optimizer.register_state_dict_pre_hook(_refuse("state_dict")),
                optimizer.register_load_state_dict_pre_hook(_refuse("load_state_dict"))]
-    setattr(optimizer, _FLAG, True)
+    setattr(optimizer, FLAG, True)
     try:
         yield
     finally:
         # Removed, not set to False: the optimizer is left exactly as before,
         # so a compiled step() guarding on it does not recompile.
-        optimizer.__dict__.pop(_FLAG, None)
+        optimizer.__dict__.pop(FLAG, None)
         for h in handles:
             h.remove()
         _swap(pairs)
@@ -167,43 +167,52 @@ def start_averaging(optimizer: Any) -> None:
                     optimizer.state[p]["mu"] = 1.0
 
 
-def group_t0(group: dict[str, Any], params: list[Tensor]) -> float | list[float]:
-    """The ``t0`` to step ``params`` (a subset of ``group["params"]``, in group
-    order) with: the group's, or one per parameter after
-    :func:`start_averaging` met parameters with different step counts."""
-    per_param = group.get("t0_per_param")
-    if per_param is None:
-        return group["t0"]
-    out = []
-    it = iter(zip(group["params"], per_param))
-    for p in params:
-        for q, t0 in it:
-            if q is p:
-                out.append(t0)
-                break
+def true_average_state(optimizer: Any) -> dict:
+    """The optimizer's state as it is outside averaged_parameters(), taken
+    while inside: each swapped ``ax`` is a copy of its parameter (which
+    holds the average right now). For pickling inside the block."""
+    out = {}
+    for p, st in optimizer.state.items():
+        st = dict(st)
+        if isinstance(st.get("ax"), Tensor):
+            st["ax"] = p.detach().clone()
+        out[p] = st
     return out
 
 
 class NonMonotonicTrigger:
-    """AWD-LSTM's switch to averaging (NT-ASGD): fires once, when the
-    validation metric is worse than the best of all but the last ``nonmono``
-    values, and then calls ``optimizer.start_averaging()``.
+    """AWD-LSTM's switch to averaging (NT-ASGD): watches a validation metric
+    and fires once, when it is worse than the best of all but the last
+    ``nonmono`` values.
 
     ``step(val)`` returns True exactly once: at the first call where
     ``len(history) > nonmono and val > min(history[:-nonmono])`` (``mode="min"``;
     ``mode="max"`` mirrors it with ``<`` and ``max``), checked before ``val`` is
-    appended to ``history``.
+    appended to ``history``. When it fires it calls ``on_trigger()``, by
+    default ``optimizer.start_averaging()``.
+
+    Any optimizer can be watched: AWD-LSTM's own script trains with SGD and
+    switches to a new ASGD when the trigger fires; pass that switch as
+    ``on_trigger`` (``optimizer`` may then be None)::
+
+        trigger = NonMonotonicTrigger(on_trigger=switch_to_asgd, nonmono=5)
     """
 
-    def __init__(self, optimizer: Any, nonmono: int = 5, mode: str = "min") -> None:
+    def __init__(self, optimizer: Any = None, nonmono: int = 5, mode: str = "min",
+                 on_trigger: Any = None) -> None:
         if mode not in ("min", "max"):
             raise ValueError(f"NonMonotonicTrigger: mode must be 'min' or 'max', got {mode!r}")
         if not isinstance(nonmono, int) or nonmono < 0:
             raise ValueError(f"NonMonotonicTrigger: nonmono must be an int >= 0, got {nonmono!r}")
-        if not callable(getattr(optimizer, "start_averaging", None)):
-            raise TypeError("NonMonotonicTrigger: the optimizer has no start_averaging() "
-                            "(use torchext.optim.ASGD)")
+        if on_trigger is None:
+            if not callable(getattr(optimizer, "start_averaging", None)):
+                raise TypeError("NonMonotonicTrigger: give on_trigger=, or an optimizer with "
+                                "start_averaging() (torchext.optim.ASGD) to call when it fires")
+            on_trigger = optimizer.start_averaging
+        elif not callable(on_trigger):
+            raise TypeError(f"NonMonotonicTrigger: on_trigger must be callable, got {on_trigger!r}")
         self.optimizer = optimizer
+        self.on_trigger = on_trigger
         self.nonmono = nonmono
         self.mode = mode
         self.history: list[float] = []
@@ -218,7 +227,7 @@ class NonMonotonicTrigger:
         self.history.append(val)
         if fire:
             self.triggered = True
-            self.optimizer.start_averaging()
+            self.on_trigger()
         return fire
 
     def state_dict(self) -> dict[str, Any]:

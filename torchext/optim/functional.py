@@ -5,28 +5,21 @@ keywords) and adds ``fused``, ``grad_scale`` and ``found_inf``. The fused path
 is one ``torch.ops.torchext.asgd_`` call per device; it is what
 ``torch.compile``/``torch.export`` see as a single op.
 
-A step is split in three so that ``ASGD.step`` can check every parameter
-group before it writes anything: :func:`route` (fused or reference, one
-device or several), :func:`check` (the op's own validation, run on its Meta
-kernel, which writes nothing) and :func:`run`.
+The reference path (``reference_asgd``) is torch.optim.ASGD's for-loop
+update, op for op: it is torchext's unfused rule, used for
+``differentiable=True``, ``fused=False`` and devices without kernels.
 """
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from .. import _devices
-from . import _dtensor
+from . import _dtensor, _op
 
-__all__ = ["asgd", "fused_supported"]
+__all__ = ["asgd", "fused_supported", "use_fused", "reference_asgd"]
 
 _FUSED_DEVICES = ("cpu", "cuda", "meta")
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-# The op's Meta kernel is its validation alone: called with real tensors it
-# checks them exactly as the CPU/CUDA kernels do, and touches no data.
-_VALIDATE_ONLY = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 
 
 def fused_supported(params: list[Tensor]) -> bool:
@@ -34,32 +27,14 @@ def fused_supported(params: list[Tensor]) -> bool:
     return all(p.device.type in _FUSED_DEVICES for p in params)
 
 
-class Route(NamedTuple):
-    """How one list of parameters is stepped."""
-    fused: bool
-    # None: one device, one call. Else the positions of each device's tensors.
-    by_device: dict[torch.device, list[int]] | None
-    plain: bool  # no DTensor among the params
-
-    @property
-    def needs_check(self) -> bool:
-        """Whether run() makes more than one write that could fail after
-        another: several op calls, or the per-tensor reference loop. A
-        single op call validates everything before it writes."""
-        return self.by_device is not None or not self.fused
-
-
-def route(params: list[Tensor], fused: bool | None, differentiable: bool) -> Route:
+def use_fused(params: list[Tensor], fused: bool | None, differentiable: bool) -> bool:
     """fused=None picks the fused op when ``differentiable`` is False and
     every tensor is on a device with torchext kernels."""
-    device = _devices.one_device(params)
-    if fused is None:
-        fused = not differentiable and (device.type in _FUSED_DEVICES if device is not None
-                                        else fused_supported(params))
     if fused and differentiable:
         raise RuntimeError("`fused` does not support `differentiable`")
-    return Route(fused, None if device is not None else _devices.indices_by_device(params),
-                 all(type(p) in _PLAIN for p in params))
+    if fused is None:
+        return not differentiable and fused_supported(params)
+    return bool(fused)
 
 
 def asgd(
@@ -102,81 +77,53 @@ def asgd(
     """
     if not params:
         return
-    r = route(params, fused, differentiable)
-    lists = prepare(r, [params, grads, axs, mus, etas, state_steps])
-    hyper = dict(lr=lr, lambd=lambd, alpha=alpha, t0=t0, weight_decay=weight_decay,
-                 maximize=maximize, capturable=capturable, grad_scale=grad_scale,
-                 found_inf=found_inf)
-    if r.needs_check or isinstance(t0, (list, tuple)):
-        check(r, lists, **hyper)
-    run(r, lists, **hyper)
-
-
-def prepare(r: Route, lists: list[list[Tensor]]) -> list[list[Tensor]]:
-    """The lists the op is called with: DTensors replaced by their local
-    shards on the fused path (see _dtensor.py)."""
-    if r.fused and not r.plain:
-        return list(_dtensor.to_local_lists(*lists))
-    return lists
-
-
-def check(r: Route, lists: list[list[Tensor]], **hyper) -> None:
-    """Raises what run() would raise for bad input, and writes nothing.
-
-    Skipped while torch.compile traces: then every op call is checked by
-    its Meta kernel at trace time, before any of them runs."""
-    if torch.compiler.is_compiling():
+    lists = [params, grads, axs, mus, etas, state_steps]
+    hyper = dict(lambd=lambd, alpha=alpha, weight_decay=weight_decay, maximize=maximize)
+    if not use_fused(params, fused, differentiable):
+        if isinstance(t0, (list, tuple)) or not torch.compiler.is_compiling():
+            # The reference writes tensor by tensor: check everything first.
+            for idx, t in _calls(lists, t0):
+                sub = [_devices.pick(xs, idx) for xs in lists]
+                _op.validate(list(_dtensor.to_local_lists(*sub)), lr, _op.hyper_of(hyper, t0=t),
+                             _moved(grad_scale, sub[0]), _moved(found_inf, sub[0]))
+        reference_asgd(*lists, lr=lr, t0=t0, capturable=capturable, grad_scale=grad_scale,
+                       found_inf=found_inf, **hyper)
         return
-    _each_op_call(r, lists, hyper, keyset=_VALIDATE_ONLY)
+    calls = []
+    for idx, t in _calls(lists, t0):
+        sub = list(_dtensor.to_local_lists(*[_devices.pick(xs, idx) for xs in lists]))
+        calls.append((sub, _op.hyper_of(hyper, t0=t), _moved(grad_scale, sub[0]),
+                      _moved(found_inf, sub[0])))
+    if len(calls) > 1:  # a single op call validates everything before it writes
+        for sub, h, gs, fi in calls:
+            _op.validate(sub, lr, h, gs, fi)
+    for sub, h, gs, fi in calls:
+        _op.call(sub, lr, h, gs, fi)
 
 
-def run(r: Route, lists: list[list[Tensor]], *, lr, lambd, alpha, t0, weight_decay,
-        maximize, capturable, grad_scale, found_inf) -> None:
-    """The step itself (call check() first when ``r.needs_check``)."""
-    hyper = dict(lr=lr, lambd=lambd, alpha=alpha, t0=t0, weight_decay=weight_decay,
-                 maximize=maximize, grad_scale=grad_scale, found_inf=found_inf)
-    if r.fused:
-        _each_op_call(r, lists, hyper)
-    else:
-        _reference_asgd(*lists, capturable=capturable, **hyper)
+def _calls(lists, t0):
+    """(indices, t0) of each op call: one per device and distinct t0."""
+    per_param = isinstance(t0, (list, tuple))
+    out = []
+    for idx in _devices.indices_by_device(
+            _dtensor.to_local(p) for p in lists[0]).values():
+        by_t0: dict[float, list[int]] = {}
+        for i in idx:
+            by_t0.setdefault(float(t0[i]) if per_param else float(t0), []).append(i)
+        out.extend((sub, t) for t, sub in by_t0.items())
+    return out
 
 
-def _each_op_call(r: Route, lists, hyper, keyset=None) -> None:
-    # One op call per device (the op itself groups by dtype), and per
-    # distinct t0 when there is one per parameter.
-    kw = dict(lambd=float(hyper["lambd"]), alpha=float(hyper["alpha"]),
-              weight_decay=float(hyper["weight_decay"]), maximize=bool(hyper["maximize"]))
-    lr, grad_scale, found_inf, t0 = hyper["lr"], hyper["grad_scale"], hyper["found_inf"], hyper["t0"]
-    per_param_t0 = isinstance(t0, (list, tuple))
-    if r.by_device is None and not per_param_t0:
-        _call_op(lists, lr, grad_scale, found_inf, keyset, dict(kw, t0=float(t0)))
-        return
-    by_device = r.by_device or {lists[0][0].device: list(range(len(lists[0])))}
-    for dev, idx in by_device.items():
-        gs = None if grad_scale is None else grad_scale.to(dev, non_blocking=True)
-        fi = None if found_inf is None else found_inf.to(dev, non_blocking=True)
-        by_t0 = {float(t0): idx} if not per_param_t0 else {}
-        if per_param_t0:
-            for i in idx:
-                by_t0.setdefault(float(t0[i]), []).append(i)
-        for t, sub in by_t0.items():
-            _call_op([_devices.pick(xs, sub) for xs in lists], lr, gs, fi, keyset,
-                     dict(kw, t0=t))
+def _moved(t: Tensor | None, params: list[Tensor]) -> Tensor | None:
+    # grad_scale/found_inf on the device of this call's params.
+    if t is None or not params:
+        return t
+    device = _dtensor.to_local(params[0]).device
+    return t if t.device == device else t.to(device, non_blocking=True)
 
 
-def _call_op(lists, lr, grad_scale, found_inf, keyset, kw) -> None:
-    if isinstance(lr, Tensor):
-        op = torch.ops.torchext.asgd_.tensor_lr
-    else:
-        op, lr = torch.ops.torchext.asgd_.default, float(lr)
-    if keyset is None:
-        op(*lists, lr=lr, grad_scale=grad_scale, found_inf=found_inf, **kw)
-    else:
-        op.redispatch(keyset, *lists, lr=lr, grad_scale=grad_scale, found_inf=found_inf, **kw)
-
-
-def _reference_asgd(params, grads, axs, mus, etas, steps, *, lr, lambd, alpha, t0,
-                    weight_decay, maximize, capturable, grad_scale, found_inf):
+def reference_asgd(params, grads, axs, mus, etas, steps, *, lr, lambd, alpha, t0,
+                   weight_decay, maximize, capturable, grad_scale, found_inf):
     """torch.optim.ASGD's for-loop update, op for op, plus grad_scale/found_inf.
 
     Used for differentiable=True and devices the fused kernels do not serve.

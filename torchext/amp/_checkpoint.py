@@ -1,0 +1,101 @@
+"""GradScaler's option rules and checkpoint format: the constructor and
+``load_state_dict`` apply the same rules, so a checkpoint the constructor
+would refuse is refused whole, before anything changes. The C++ GradScaler
+applies the same rules (the update_scale_ op's validator, csrc/amp_args.cpp);
+tests/checkpoint_corruptions.py holds the table both sides are tested on."""
+from __future__ import annotations
+
+import math
+from numbers import Integral, Real
+from typing import Any
+
+from torch import Tensor
+
+__all__ = ["STATE_DICT_VERSION", "TORCH_KEYS", "check_options", "parse_state_dict"]
+
+#: Version of torchext's extra keys (csrc/api/state_dict.cpp reads the same).
+STATE_DICT_VERSION = 1
+#: torch.amp.GradScaler.state_dict()'s keys, first in ours.
+TORCH_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
+
+
+def check_options(*, init_scale: float, backoff_factor: float, growth_factor: float | None = None,
+                  growth_interval: Any, hysteresis: Any, min_scale: Any, max_scale: Any,
+                  where: str = "GradScaler") -> None:
+    """The rules beyond torch's own asserts (growth_factor > 1 and
+    backoff_factor < 1, which torch's constructor checks itself)."""
+    if growth_factor is not None and not growth_factor > 1.0:
+        raise ValueError(f"{where}: growth_factor must be > 1, got {growth_factor}")
+    if not (math.isfinite(init_scale) and init_scale > 0.0):
+        raise ValueError(f"{where}: init_scale must be > 0 and finite, got {init_scale}")
+    if not 0.0 < backoff_factor < 1.0:
+        raise ValueError(f"{where}: backoff_factor must be in (0, 1), got {backoff_factor}")
+    if int(growth_interval) < 1:
+        raise ValueError(f"{where}: growth_interval must be >= 1, got {growth_interval}")
+    if int(hysteresis) < 1:
+        raise ValueError(f"{where}: hysteresis must be >= 1, got {hysteresis}")
+    lo = 0.0 if min_scale is None else float(min_scale)
+    hi = float("inf") if max_scale is None else float(max_scale)
+    if not 0.0 <= lo <= hi:
+        raise ValueError(f"{where}: need 0 <= min_scale <= max_scale, got {min_scale}, "
+                         f"{max_scale}")
+
+
+def _number(sd: dict[str, Any], key: str, where: str) -> float:
+    v = sd[key]
+    if isinstance(v, Tensor) and v.numel() == 1 and not v.is_complex():
+        v = v.item()
+    if isinstance(v, bool) or not isinstance(v, Real) or math.isnan(float(v)):
+        raise ValueError(f"{where}['{key}'] must be a number, got {sd[key]!r}")
+    return float(v)
+
+
+def _integer(sd: dict[str, Any], key: str, where: str, lo: int) -> int:
+    v = _number(sd, key, where)
+    if not (math.isfinite(v) and v == int(v) and v >= lo):
+        raise ValueError(f"{where}['{key}'] must be an integer >= {lo}, got {sd[key]!r}")
+    return int(v)
+
+
+def parse_state_dict(sd: Any) -> dict[str, Any]:
+    """Checks a GradScaler state_dict (torch's five keys, and torchext's
+    extras when present) and returns its values as Python numbers; raises
+    naming the key."""
+    where = "GradScaler state_dict"
+    if not isinstance(sd, dict):
+        raise ValueError(f"{where} must be a dict, got {type(sd).__name__}")
+    missing = [k for k in TORCH_KEYS if k not in sd]
+    if missing:
+        raise KeyError(f"{where} is missing {missing}")
+    version = sd.get("_torchext_version", 0)
+    if not isinstance(version, Integral) or isinstance(version, bool) or version < 0:
+        raise ValueError(f"{where}['_torchext_version'] must be an int >= 0, got {version!r}")
+    if version > STATE_DICT_VERSION:
+        raise RuntimeError(
+            f"GradScaler state_dict version {version} is newer than this torchext "
+            f"understands ({STATE_DICT_VERSION}); upgrade torchext.")
+    out: dict[str, Any] = {"version": int(version)}
+    out["scale"] = _number(sd, "scale", where)
+    out["growth_factor"] = _number(sd, "growth_factor", where)
+    out["backoff_factor"] = _number(sd, "backoff_factor", where)
+    out["growth_interval"] = _integer(sd, "growth_interval", where, 1)
+    out["_growth_tracker"] = _integer(sd, "_growth_tracker", where, 0)
+    if version >= 1:
+        for key in ("hysteresis", "_hysteresis_tracker", "min_scale", "max_scale",
+                    "skipped_steps"):
+            if key not in sd:
+                raise KeyError(f"{where} (torchext version {version}) is missing '{key}'")
+        out["hysteresis"] = _integer(sd, "hysteresis", where, 1)
+        out["_hysteresis_tracker"] = _integer(sd, "_hysteresis_tracker", where, 0)
+        out["min_scale"] = _number(sd, "min_scale", where)
+        out["max_scale"] = _number(sd, "max_scale", where)
+        out["skipped_steps"] = _integer(sd, "skipped_steps", where, 0)
+        if out["_hysteresis_tracker"] > out["hysteresis"]:
+            raise ValueError(f"{where}['_hysteresis_tracker'] ({out['_hysteresis_tracker']}) "
+                             f"must be <= hysteresis ({out['hysteresis']})")
+    check_options(init_scale=out["scale"], growth_factor=out["growth_factor"],
+                  backoff_factor=out["backoff_factor"], growth_interval=out["growth_interval"],
+                  hysteresis=out.get("hysteresis", 1),
+                  min_scale=out.get("min_scale"), max_scale=out.get("max_scale"),
+                  where=where)
+    return out

@@ -1,0 +1,52 @@
+"""The gradients GradScaler checks and unscales: an optimizer's grads
+grouped by device, gathered and checked in full before anything is written."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+from torch import Tensor
+
+from .._compile_compat import param_groups
+from ..optim._dtensor import to_local
+
+__all__ = ["GradsByDevice"]
+
+
+class GradsByDevice:
+    """``lists``: the optimizer's gradients per device (sparse ones by their
+    values). ``sharded``: some grad was a DTensor (each rank sees only its
+    shard). ``coalesced``: (param, coalesced grad) for uncoalesced fp16
+    sparse grads; assigned to ``param.grad`` only by a pass that writes
+    (unscale)."""
+
+    def __init__(self, optimizer, allow_fp16: bool) -> None:
+        self.lists: dict[torch.device, list[Tensor]] = defaultdict(list)
+        self.sharded = False
+        self.coalesced: list[tuple[Tensor, Tensor]] = []
+        for group in param_groups(optimizer):
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                # DTensor (FSDP2) grads: the ops check/unscale this rank's
+                # shard; found_inf is then all-reduced over process_group.
+                grad = to_local(param.grad)
+                self.sharded = self.sharded or grad is not param.grad
+                if not allow_fp16 and grad.dtype == torch.float16:
+                    raise ValueError("Attempting to unscale FP16 gradients.")
+                if grad.is_sparse:
+                    if grad.dtype is torch.float16 and not grad.is_coalesced():
+                        grad = grad.coalesce()
+                        self.coalesced.append((param, grad))
+                    grad = grad._values()
+                self.lists[grad.device].append(grad)
+
+    def validate(self, op) -> None:
+        """Runs ``op``'s checks on every device's list but the first, on
+        shadows on the meta device, so that a list the op refuses on a later
+        device is refused before the first device's list is written (each
+        op call checks its own list in full before writing)."""
+        for grads in list(self.lists.values())[1:]:
+            shadows = [torch.empty_like(g, device="meta") for g in grads]
+            found = torch.zeros((), dtype=torch.float32, device="meta")
+            op(shadows, found)

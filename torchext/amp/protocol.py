@@ -1,0 +1,75 @@
+"""How torchext's GradScaler steps an optimizer: the fused-step protocol.
+
+A scaler has two ways to step an optimizer whose gradients were scaled:
+
+* **plain** (torch's rule for most optimizers): unscale the gradients in
+  place, check them for inf/NaN, read the result on the host, and call
+  ``optimizer.step()`` only when they are finite. An overflowed step is one
+  where ``step()`` was not called, which is what LR schedulers, accelerate's
+  ``optimizer_step_was_skipped`` and the HF Trainer look at.
+* **fused**: check the gradients (read-only), then hand the optimizer the
+  scale and the check's result as the attributes ``grad_scale`` and
+  ``found_inf`` and call ``step()``: the optimizer unscales on the fly and
+  makes the whole step a no-op on the device when ``found_inf != 0``. One pass
+  over the gradients less, and no host read (torch's
+  ``_step_supports_amp_scaling`` contract, used by its fused Adam/SGD).
+
+An optimizer opts into the fused step for **torchext's** scaler by defining
+
+* ``__torchext_amp_step__ = True``: its ``step()`` honours ``grad_scale`` and
+  ``found_inf`` as above;
+* optionally ``__torchext_amp_check__(self) -> dict[device, Tensor] | None``:
+  its own read-only inf/NaN check of every gradient (found_inf per device,
+  0-d float32 tensors set to nonzero on inf/NaN), or None to let the scaler
+  gather the gradients itself. torchext's ASGD checks through the C++
+  holders of its state (no list from Python).
+
+Even then torchext's scaler reads ``found_inf`` on the host and does not call
+``step()`` on an overflow, as torch does for plain optimizers, unless no host
+read may happen:
+
+* while ``torch.compile`` traces (the skip becomes part of the graph),
+* while a CUDA graph is being captured,
+* when the optimizer says so with torch's ``_step_supports_amp_scaling``
+  (torchext's ASGD: ``capturable=True``; torch's fused optimizers always).
+
+Then ``step()`` is always called and the skip is decided on the device. The
+trade-off: one host read of ``found_inf`` per eager step (free on the CPU, a
+sync on CUDA), which torch's own scaler already pays for every plain
+optimizer, in exchange for behaving exactly like ``torch.optim.ASGD`` inside
+training frameworks. Foreign scalers (``torch.amp.GradScaler``) only see
+``_step_supports_amp_scaling``, so for them torchext's ASGD is a plain
+optimizer unless ``capturable=True``.
+
+The C++ API follows the same protocol (``torchext::amp::FusedAmpStep``,
+csrc/include/torchext/amp/fused_step.h).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["takes_grad_scale", "must_not_sync", "fused_check"]
+
+
+def takes_grad_scale(optimizer: Any) -> bool:
+    """Whether ``optimizer.step()`` honours ``grad_scale``/``found_inf``."""
+    return bool(getattr(optimizer, "__torchext_amp_step__", False)
+                or getattr(optimizer, "_step_supports_amp_scaling", False))
+
+
+def must_not_sync(optimizer: Any) -> bool:
+    """Whether the skip must be decided on the device (no host read)."""
+    if torch.compiler.is_compiling():
+        return True
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return True
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+
+
+def fused_check(optimizer: Any) -> dict[torch.device, Tensor] | None:
+    """The optimizer's own read-only check, when it has one."""
+    check = getattr(optimizer, "__torchext_amp_check__", None)
+    return None if check is None else check()

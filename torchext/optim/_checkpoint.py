@@ -1,0 +1,189 @@
+"""ASGD's rules for hyperparameters and checkpoints: the constructor and
+``load_state_dict`` apply the same ones, so a checkpoint the constructor
+would refuse is refused whole, before anything changes.
+
+The C++ API applies the same rules (csrc/api/asgd_state.h); the table of
+corruptions in tests/checkpoint_corruptions.py is checked on both sides.
+"""
+from __future__ import annotations
+
+import math
+from numbers import Real
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from . import _dtensor
+from ._state import SCALAR_KEYS, scalar_dtype
+
+__all__ = ["check_hyperparams", "validate_state_dict", "restore_scalar_state"]
+
+_FLAGS = ("maximize", "differentiable", "capturable")  # bool
+_OPTIONAL_FLAGS = ("foreach", "fused")  # bool or None
+
+
+def _number(v: Any) -> float | None:
+    """A Python real or a 1-element real tensor as a float (None otherwise)."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, Real):
+        return float(v)
+    if isinstance(v, Tensor) and v.numel() == 1 and not v.is_complex() and v.layout == torch.strided:
+        return float(_dtensor.to_local(v).detach().reshape(()).item())
+    return None
+
+
+def check_hyperparams(h: dict[str, Any], where: str | None) -> None:
+    """lr, lambd, alpha, t0, weight_decay by the constructor's rules
+    (torch's messages when ``where`` is None: the constructor)."""
+    lr = h.get("lr")
+    if isinstance(lr, Tensor):
+        if lr.numel() != 1:
+            raise ValueError(f"{where + ': ' if where else ''}Tensor lr must be 1-element")
+        if not lr.is_floating_point():
+            raise ValueError(f"{where + ': ' if where else ''}Tensor lr must be floating point, "
+                             f"got {lr.dtype}")
+    for key, name in (("lr", "learning rate"), ("lambd", "lambd value"), ("alpha", "alpha value"),
+                      ("weight_decay", "weight_decay value")):
+        v = _number(h.get(key))
+        if v is None or not v >= 0.0:  # NaN fails too
+            if where is None:
+                raise ValueError(f"Invalid {name}: {h.get(key)}")
+            raise ValueError(f"{where}: '{key}' must be a number >= 0, got {h.get(key)!r}")
+    t0 = _number(h.get("t0"))
+    if t0 is None or math.isnan(t0):
+        raise ValueError(f"{where + ': ' if where else ''}'t0' must be a number, "
+                         f"got {h.get('t0')!r}")
+
+
+def _saved_id_to_param(opt, state_dict) -> dict[Any, Tensor]:
+    saved_groups = state_dict.get("param_groups") if isinstance(state_dict, dict) else None
+    if not isinstance(saved_groups, list) or not isinstance(state_dict.get("state"), dict):
+        raise ValueError("loaded state dict must have a 'state' dict and a 'param_groups' list")
+    if len(opt.param_groups) != len(saved_groups):
+        raise ValueError("loaded state dict has a different number of parameter groups")
+    id_to_param = {}
+    for g, sg in zip(opt.param_groups, saved_groups):
+        if not isinstance(sg, dict) or not isinstance(sg.get("params"), list):
+            raise ValueError("loaded state dict: each param group must be a dict with a "
+                             "'params' list")
+        if len(g["params"]) != len(sg["params"]):
+            raise ValueError("loaded state dict contains a parameter group that doesn't "
+                             "match the size of optimizer's group")
+        id_to_param.update(zip(sg["params"], g["params"]))
+    return id_to_param
+
+
+def _check_group(gi: int, sg: dict[str, Any]) -> None:
+    where = f"loaded state dict: param_groups[{gi}]"
+    missing = [k for k in ("lr", "lambd", "alpha", "t0", "weight_decay") if k not in sg]
+    if missing:
+        raise ValueError(f"{where} lacks {missing}")
+    check_hyperparams(sg, where)
+    for key in _FLAGS:
+        if key in sg and not isinstance(sg[key], bool):
+            raise ValueError(f"{where}: '{key}' must be a bool, got {sg[key]!r}")
+    for key in _OPTIONAL_FLAGS:
+        if key in sg and sg[key] is not None and not isinstance(sg[key], bool):
+            raise ValueError(f"{where}: '{key}' must be a bool or None, got {sg[key]!r}")
+    if sg.get("fused") and sg.get("differentiable"):
+        raise ValueError(f"{where}: 'fused' and 'differentiable' cannot both be True")
+    t0s = sg.get("t0_per_param")
+    if t0s is not None:
+        if not isinstance(t0s, (list, tuple)) or len(t0s) != len(sg["params"]) or any(
+                _number(t) is None or math.isnan(_number(t)) for t in t0s):
+            raise ValueError(f"{where}: 't0_per_param' must be a list of one number per "
+                             f"param ({len(sg['params'])}), got {t0s!r}")
+
+
+def _check_entry(pid: Any, st: Any, p: Tensor) -> list[tuple[str, Tensor | float]]:
+    """Checks one param's saved state; returns its step/eta/mu to check for
+    finiteness (tensors, read together per device afterwards)."""
+    where = f"loaded state dict: state[{pid!r}]"
+    if not isinstance(st, dict):
+        raise ValueError(f"{where} must be a dict, got {type(st).__name__}")
+    missing = [k for k in SCALAR_KEYS + ("ax",) if k not in st]
+    if missing:
+        raise ValueError(f"{where} lacks {missing} (an ASGD state has step, eta, mu and ax)")
+    ax = st["ax"]
+    if not isinstance(ax, Tensor):
+        raise ValueError(f"{where}['ax'] must be a tensor, got {type(ax).__name__}")
+    if ax.layout != torch.strided:
+        raise ValueError(f"{where}['ax'] must be a strided (dense) tensor, got {ax.layout}")
+    if tuple(ax.shape) != tuple(p.shape):
+        raise ValueError(f"loaded state dict: 'ax' of parameter {pid} has shape "
+                         f"{tuple(ax.shape)} but the parameter has shape {tuple(p.shape)}")
+    if not (ax.is_floating_point() or ax.is_complex()) or ax.is_complex() != p.is_complex():
+        raise ValueError(f"{where}['ax'] has dtype {ax.dtype} but the parameter has dtype "
+                         f"{p.dtype}")
+    out = []
+    for key in SCALAR_KEYS:
+        v = st[key]
+        if isinstance(v, Tensor):
+            if v.numel() != 1:
+                raise ValueError(f"loaded state dict: '{key}' of parameter {pid} must hold "
+                                 f"one element, got shape {tuple(v.shape)}")
+            if v.is_complex() or v.dtype == torch.bool or v.layout != torch.strided:
+                raise ValueError(f"{where}['{key}'] must be one real number, got {v.dtype} "
+                                 f"{v.layout}")
+        elif _number(v) is None:
+            raise ValueError(f"{where}['{key}'] must be a number or a 1-element tensor, "
+                             f"got {v!r}")
+        out.append((f"{where}['{key}']", v))
+    return out
+
+
+def _check_values(values: list[tuple[str, Tensor | float]]) -> None:
+    """step, eta and mu: finite and >= 0. Tensors are read once per device."""
+    by_device: dict[torch.device, list[tuple[str, Tensor]]] = {}
+    for where, v in values:
+        if isinstance(v, Tensor):
+            v = _dtensor.to_local(v).detach()
+            by_device.setdefault(v.device, []).append((where, v))
+        elif not (math.isfinite(float(v)) and float(v) >= 0):
+            raise ValueError(f"{where} must be finite and >= 0, got {v!r}")
+    for pairs in by_device.values():
+        if pairs[0][1].device.type == "meta":
+            continue
+        stacked = torch.stack([v.reshape(()).double() for _, v in pairs])
+        bad = (~torch.isfinite(stacked)) | (stacked < 0)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            raise ValueError(f"{pairs[i][0]} must be finite and >= 0, got "
+                             f"{pairs[i][1].item()}")
+
+
+def validate_state_dict(opt, state_dict) -> None:
+    """Everything ``opt.load_state_dict(state_dict)`` relies on; raises a
+    ValueError naming the entry. Unknown extra keys are allowed, as torch
+    allows them."""
+    id_to_param = _saved_id_to_param(opt, state_dict)
+    for gi, sg in enumerate(state_dict["param_groups"]):
+        _check_group(gi, sg)
+    values = []
+    for pid, st in state_dict["state"].items():
+        p = id_to_param.get(pid)
+        if p is None:
+            continue  # torch keeps state of unknown ids aside too
+        values.extend(_check_entry(pid, st, p))
+    _check_values(values)
+
+
+def restore_scalar_state(opt, state_dict) -> None:
+    """torch.optim casts eta/mu to the parameter dtype (bf16 loses the
+    schedule); take them again from the saved values, in float32/64."""
+    id_to_param = _saved_id_to_param(opt, state_dict)
+    for pid, st in state_dict["state"].items():
+        p = id_to_param.get(pid)
+        if p is None:
+            continue
+        for key in SCALAR_KEYS:
+            if key not in st:
+                continue
+            v = st[key]
+            dtype = v.dtype if isinstance(v, Tensor) and v.dtype in (
+                torch.float32, torch.float64) else scalar_dtype()
+            value = torch.as_tensor(v.detach() if isinstance(v, Tensor) else float(v))
+            dict.__setitem__(opt.state[p], key, value.to(
+                device=_dtensor.to_local(p).device, dtype=dtype, copy=True).reshape(()))
