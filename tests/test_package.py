@@ -12,7 +12,11 @@ PKG = os.path.dirname(torchext.__file__)
 
 
 def test_version_and_build_info():
-    assert torchext.__version__ == "0.1.0"
+    # version.txt's version, with the torch the library was built for as a
+    # PEP 440 local label (the wheel's version: 0.1.0+torch2.13.0.cpu).
+    base, _, label = torch.__version__.partition("+")
+    assert torchext.__version__ == f"0.1.0+torch{base}.{label or 'cpu'}" + (
+        ".nocuda" if torch.version.cuda and not torchext.has_cuda_kernels() else "")
     info = torchext.build_info
     assert info["cpu"] is True and info["torch_version"] == torch.__version__
     assert isinstance(info["cuda"], bool) and torchext.has_cuda_kernels() == info["cuda"]
@@ -30,15 +34,32 @@ def _import_copy(tmp_path, mutate):
                           env={**os.environ, "PYTHONPATH": str(tmp_path)})
 
 
+def _built_for_another_torch(dst):
+    info = (dst / "_build_info.py").read_text()
+    (dst / "_build_info.py").write_text(info.replace(repr(torch.__version__), repr("2.99.0+cpu")))
+
+
 def test_import_refuses_library_built_for_another_torch(tmp_path):
+    # As an installed wheel (no sources next to the package): names the wheel
+    # for the running torch, and the torch this one is for.
+    r = _import_copy(tmp_path, _built_for_another_torch)
+    assert r.returncode != 0
+    assert (f"torchext {torchext.__version__} was built against torch 2.99.0+cpu, but torch "
+            f"{torch.__version__} is installed") in r.stderr
+    base, _, label = torch.__version__.partition("+")
+    assert f'pip install "torchext==0.1.0+torch{base}.{label or "cpu"}"' in r.stderr
+    assert "pip install torch==2.99.0" in r.stderr
+
+
+def test_import_refuses_library_built_for_another_torch_in_a_source_tree(tmp_path):
     def mutate(dst):
-        info = (dst / "_build_info.py").read_text()
-        (dst / "_build_info.py").write_text(
-            info.replace(repr(torch.__version__), repr("0.0.0+other")))
+        _built_for_another_torch(dst)
+        (tmp_path / "csrc").mkdir()
+        (tmp_path / "setup.py").write_text("# setup\n")
     r = _import_copy(tmp_path, mutate)
     assert r.returncode != 0
-    assert "built against torch 0.0.0+other" in r.stderr
-    assert "pip install --no-build-isolation" in r.stderr
+    assert "built against torch 2.99.0+cpu" in r.stderr
+    assert f"pip install --no-build-isolation -e {tmp_path}" in r.stderr
 
 
 def test_import_explains_missing_library(tmp_path):
