@@ -4,6 +4,7 @@
 #   bash scripts/build_wheels.sh                  # 2.13.0 (CPU) and 2.14.1 (CUDA 13.0) wheels + sdist
 #   bash scripts/build_wheels.sh 2.13.0           # that torch's wheel only (+ the sdist)
 #   bash scripts/build_wheels.sh --no-sdist 2.14.1
+#   bash scripts/build_wheels.sh --sdist-only
 #
 # Each wheel is built against one torch, in that torch's environment
 # (.venv-<torch>, scripts/venv.sh): torchext is first built in place there
@@ -17,21 +18,26 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 SDIST=1
+WHEELS=1
 TORCHES=()
 for arg in "$@"; do
   case "$arg" in
     --no-sdist) SDIST=0 ;;
-    2.13.0|2.14.1) TORCHES+=("$arg") ;;
-    *) echo "build_wheels.sh: unknown argument '$arg' (torch versions: 2.13.0 2.14.1; --no-sdist)" >&2
+    --sdist-only) WHEELS=0 ;;
+    [0-9]*.[0-9]*.[0-9]*) TORCHES+=("$arg") ;;
+    *) echo "build_wheels.sh: unknown argument '$arg' (a torch version such as 2.13.0, --no-sdist, --sdist-only)" >&2
        exit 2 ;;
   esac
 done
+# The supported torch builds: 2.13.0 (CPU), 2.14.1 (CUDA 13.0).
 [ ${#TORCHES[@]} -gt 0 ] || TORCHES=(2.13.0 2.14.1)
+WHEEL_TORCHES=()
+[ "$WHEELS" = 0 ] || WHEEL_TORCHES=("${TORCHES[@]}")
 VERSION=$(cat version.txt)
 mkdir -p dist
 start=$SECONDS
 
-for tv in "${TORCHES[@]}"; do
+for tv in ${WHEEL_TORCHES[@]+"${WHEEL_TORCHES[@]}"}; do
   t0=$SECONDS
   echo "== torchext wheel for torch $tv"
   (
@@ -56,9 +62,13 @@ import os, sys, zipfile
 path, tv = sys.argv[1:]
 with zipfile.ZipFile(path) as z:
     infos = z.infolist()
-    # The CUDA torch's wheel must carry CUDA kernels (auto-detected with nvcc).
-    if tv == "2.14.1" and "WITH_CUDA = True" not in z.read("torchext/_build_info.py").decode():
-        sys.exit(f"build_wheels.sh: {path} has no CUDA kernels (nvcc 13.0 not found? set CUDA_HOME)")
+    # A CUDA torch's wheel must carry CUDA kernels (auto-detected with nvcc),
+    # unless TORCHEXT_CUDA=0 asked for none (its version then says .nocuda).
+    import torch
+    if (torch.version.cuda and os.environ.get("TORCHEXT_CUDA", "auto") not in ("0", "off", "false", "no")
+            and "WITH_CUDA = True" not in z.read("torchext/_build_info.py").decode()):
+        sys.exit(f"build_wheels.sh: {path} has no CUDA kernels (nvcc {torch.version.cuda} not found? "
+                 "set CUDA_HOME)")
     def count(pred):
         sel = [i for i in infos if pred(i.filename)]
         return len(sel), sum(i.file_size for i in sel)

@@ -7,6 +7,7 @@ import sys
 import torch
 
 import torchext
+from helpers import SRC
 
 PKG = os.path.dirname(torchext.__file__)
 
@@ -134,12 +135,13 @@ def test_setup_env_rebuilds_on_source_changes(tmp_path):
     changed since the last successful build, not otherwise, and starts from a
     clean build/ for another torch. Run in a copy of the tree, with a venv
     whose `pip` only records its calls."""
-    root = os.path.dirname(PKG)
-    for d in ("scripts", "csrc", "torchext"):
-        shutil.copytree(os.path.join(root, d), tmp_path / d,
+    # The checkout's scripts and sources, and the package under test (in
+    # place or installed: it has the library the fake pip "builds").
+    for src, d in ((SRC, "scripts"), (SRC, "csrc"), (PKG, None)):
+        shutil.copytree(os.path.join(src, d) if d else src, tmp_path / (d or "torchext"),
                         ignore=shutil.ignore_patterns("__pycache__"))
     for f in ("setup.py", "CMakeLists.txt"):
-        shutil.copy(os.path.join(root, f), tmp_path / f)
+        shutil.copy(os.path.join(SRC, f), tmp_path / f)
     venv = tmp_path / ".venv-fake" / "bin"
     venv.mkdir(parents=True)
     log, built = tmp_path / "pip.log", tmp_path / "built"
