@@ -52,6 +52,18 @@ def test_import_refuses_library_built_for_another_torch(tmp_path):
     assert "pip install torch==2.99.0" in r.stderr
 
 
+def test_import_refuses_another_build_of_the_same_torch_version(tmp_path):
+    # torch==2.13.0 can bring 2.13.0+cu130 where the wheel is for 2.13.0+cpu
+    other = torch.__version__.split("+")[0] + "+othervariant"
+
+    def mutate(dst):
+        info = (dst / "_build_info.py").read_text()
+        (dst / "_build_info.py").write_text(info.replace(repr(torch.__version__), repr(other)))
+    r = _import_copy(tmp_path, mutate)
+    assert r.returncode != 0
+    assert f'pip install "torch=={other}"' in r.stderr
+
+
 def test_import_refuses_library_built_for_another_torch_in_a_source_tree(tmp_path):
     def mutate(dst):
         _built_for_another_torch(dst)

@@ -44,11 +44,17 @@ def _wrong_torch_message(built_for):
     if _in_source_tree():
         return text + ("Rebuild it against this torch: `pip install --no-build-isolation -e "
                        f"{_os.path.dirname(_HERE)}`.")
+    if built_for.split("+")[0] == running.split("+")[0]:
+        # Same version, another build of it (CPU vs CUDA): pip's torch==X
+        # requirement cannot tell them apart.
+        back = (f"or install the torch build it is for: `pip install \"torch=={built_for}\"` "
+                "(from the package index that carries that build)")
+    else:
+        back = f"or go back to `pip install torch=={built_for.split('+')[0]}`"
     return text + (f"Install the torchext wheel built for torch {running}: "
                    f"`pip install \"torchext=={base}+{_wheel_label(running)}\"` (the wheels "
-                   f"carry the torch they are for in their version), or go back to "
-                   f"`pip install torch=={built_for.split('+')[0]}`; for any other torch, "
-                   "build torchext from source against it (`pip install "
+                   f"carry the torch they are for in their version), {back}; for any other "
+                   "torch, build torchext from source against it (`pip install "
                    "--no-build-isolation` in a torchext checkout or sdist).")
 
 
