@@ -60,6 +60,12 @@ else
   # After the install, so pip never saw the base environment's torchext.
   site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   echo "$base_site" > "$site/_torchext_test_base_env.pth"
+  # torch (and the CUDA wheel's nvidia/ libraries) next to torchext, as pip
+  # installs them: the library finds them through its $ORIGIN/../ rpaths, also
+  # when a C++ program (not Python) loads it.
+  for d in torch nvidia; do
+    if [ -e "$base_site/$d" ]; then ln -s "$base_site/$d" "$site/$d"; fi
+  done
 fi
 stamp "install ($([ "${FRESH:-0}" = 1 ] && echo "fresh venv" || echo "venv over .venv-$TORCH_VERSION"))"
 
