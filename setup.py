@@ -8,11 +8,19 @@ TORCHEXT_CPP_API=0 builds the ops without the C++ API classes.
 
 Install with:  pip install --no-build-isolation -e .
 (--no-build-isolation: the library must be built against the torch you run.)
+
+Every wheel is built for one torch: its version carries a PEP 440 local
+label naming that torch (0.1.0+torch2.13.0.cpu, 0.1.0+torch2.14.1.cu130), it
+requires exactly that torch version, and it is tagged cp39-abi3 (the library
+uses no Python C API: it is loaded with torch.ops.load_library), so one wheel
+serves every Python version that torch supports. scripts/build_wheels.sh
+builds them; an sdist keeps the plain version.
 """
 import glob
 import importlib.util
 import os
 import shutil
+import sys
 
 from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py as _build_py
@@ -34,6 +42,8 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 with open(os.path.join(ROOT, "version.txt")) as _f:  # the one version source
     VERSION = _f.read().strip()
 GENERATED_INCLUDE = os.path.join(ROOT, "build", "generated")
+# An sdist is not built for any torch: plain version, any supported torch.
+BUILDING_SDIST = "sdist" in sys.argv[1:]
 
 
 def configure(template, out, values):
@@ -43,14 +53,29 @@ def configure(template, out, values):
         text = f.read()
     for key, value in values.items():
         text = text.replace(f"@{key}@", value)
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
+    _write_if_changed(out, text)
+
+
+def _write_if_changed(path, text):
+    # Unchanged files keep their mtime: ninja would otherwise recompile every
+    # source including version.h on each build (a wheel right after an
+    # in-place build would cost a recompile, not a relink).
+    try:
+        with open(path) as f:
+            if f.read() == text:
+                return
+    except OSError:
+        pass
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
         f.write(text)
 
 
-def write_version_files(with_cuda):
+def write_version_files(with_cuda, full_version):
     # version.h for the C++ sources, torchext/_version.py for Python, and the
     # CMake package config shipped in the Python package (torchext/share/cmake).
+    # C++ and CMake see version.txt's plain version; Python's __version__ is
+    # the package's, with the torch label (the one pip shows).
     major, minor, patch = VERSION.split(".")[:3]
     values = {"TORCHEXT_VERSION": VERSION, "TORCHEXT_VERSION_MAJOR": major,
               "TORCHEXT_VERSION_MINOR": minor, "TORCHEXT_VERSION_PATCH": patch,
@@ -61,8 +86,22 @@ def write_version_files(with_cuda):
     configure("torchextConfig.cmake.in", os.path.join(share, "torchextConfig.cmake"), values)
     configure("torchextConfigVersion.cmake.in",
               os.path.join(share, "torchextConfigVersion.cmake"), values)
-    with open(os.path.join(ROOT, "torchext", "_version.py"), "w") as f:
-        f.write(f"# Written by setup.py from version.txt; do not edit.\n__version__ = {VERSION!r}\n")
+    _write_if_changed(os.path.join(ROOT, "torchext", "_version.py"),
+                      "# Written by setup.py from version.txt and the torch it builds for; "
+                      f"do not edit.\n__version__ = {full_version!r}\n")
+
+
+def local_version(with_cuda):
+    """The PEP 440 local label naming the torch this build is for:
+    torch 2.13.0+cpu -> torch2.13.0.cpu, 2.14.1+cu130 -> torch2.14.1.cu130
+    (a CUDA torch built without our CUDA kernels adds .nocuda)."""
+    base, _, variant = torch.__version__.partition("+")
+    if not variant:
+        variant = f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
+    label = f"torch{base}.{variant}"
+    if torch.version.cuda and not with_cuda:
+        label += ".nocuda"
+    return label
 
 
 def want_cuda():
@@ -115,6 +154,18 @@ class build_ext(BuildExtension):
         super().finalize_options()
         self.build_temp = os.path.join(ROOT, "build", "temp.torchext")
 
+    def build_extensions(self):
+        if not self.inplace:
+            # A wheel's library finds torch next to it ($ORIGIN/..); the build
+            # machine's absolute paths are for the in-place library only. The
+            # debug info (-g from Python's own CFLAGS: ~28 of the CPU library's
+            # 30 MB) stays in the in-place build too.
+            for ext in self.extensions:
+                ext.extra_link_args = [a for a in ext.extra_link_args
+                                       if not (a.startswith("-Wl,-rpath,") and "$ORIGIN" not in a)]
+                ext.extra_link_args.append("-Wl,--strip-debug")
+        super().build_extensions()
+
     def run(self):
         super().run()
         if self.inplace:
@@ -122,19 +173,22 @@ class build_ext(BuildExtension):
 
 
 class build_py(_build_py):
-    """Also ships the C++ headers, as torchext/include/torchext/**/*.h, so that
-    find_package(torchext) against an installed wheel (torchext.cmake_prefix_path,
+    """Also ships the C++ headers, as torchext/include/torchext/**/*.h (the
+    generated version.h included), so that find_package(torchext) against an
+    installed wheel (torchext.cmake_prefix_path,
     share/cmake/torchext/torchextConfig.cmake) finds them. An in-place build
-    uses csrc/include directly."""
+    uses csrc/include and build/generated directly."""
 
     def run(self):
         super().run()
-        src = os.path.join(ROOT, "csrc", "include", "torchext")
         dst = os.path.join(self.build_lib, "torchext", "include", "torchext")
-        for path in glob.glob(os.path.join(src, "**", "*.h"), recursive=True):
-            target = os.path.join(dst, os.path.relpath(path, src))
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            shutil.copyfile(path, target)
+        shutil.rmtree(dst, ignore_errors=True)  # no header left from an earlier build
+        for top in (os.path.join(ROOT, "csrc", "include"), GENERATED_INCLUDE):
+            src = os.path.join(top, "torchext")
+            for path in glob.glob(os.path.join(src, "**", "*.h"), recursive=True):
+                target = os.path.join(dst, os.path.relpath(path, src))
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                shutil.copyfile(path, target)
 
 
 with_cuda = want_cuda()
@@ -184,12 +238,21 @@ else:
         extra_link_args=link_flags,
         py_limited_api=True,
     )
-write_build_info(with_cuda, archs)
-write_version_files(with_cuda)
+if BUILDING_SDIST:
+    # Sources only: the files generated for a build (MANIFEST.in excludes
+    # them) are written again by the build that unpacks it.
+    full_version, torch_requirement = VERSION, "torch>=2.13"
+else:
+    # The library is tied to this torch's ABI: say which in the version, and
+    # let pip install (or keep) exactly that torch next to it.
+    full_version = f"{VERSION}+{local_version(with_cuda)}"
+    torch_requirement = f"torch=={torch.__version__.split('+')[0]}"
+    write_build_info(with_cuda, archs)
+    write_version_files(with_cuda, full_version)
 
 setup(
     name="torchext",
-    version=VERSION,
+    version=full_version,
     description="Fused, compile-ready ASGD optimizer and AMP GradScaler as torch custom ops",
     packages=find_packages(include=["torchext", "torchext.*"]),
     package_data={"torchext": ["share/cmake/torchext/*.cmake", "include/torchext/**/*.h"]},
@@ -197,7 +260,7 @@ setup(
     cmdclass={"build_ext": build_ext, "build_py": build_py},
     options={"bdist_wheel": {"py_limited_api": "cp39"}},
     python_requires=">=3.9",
-    install_requires=["torch>=2.13"],
+    install_requires=[torch_requirement],
     # `pip install torchext[bench]`: the progress bar and --plot of `torchext bench`.
     extras_require={"bench": ["tqdm", "matplotlib"]},
     entry_points={"console_scripts": ["torchext = torchext.cli:main_exit"]},

@@ -3,6 +3,8 @@
 # find_package(torchext), then run. Called by ctest:
 #   downstream.sh pip     SRC BUILD PYTHON   # the config in the Python package
 #   downstream.sh install SRC BUILD PYTHON   # `cmake --install` of the CMake build
+#   downstream.sh wheel   SRC BUILD PYTHON   # the config of the wheel installed for PYTHON
+#                                            # (scripts/test_wheel.sh)
 # Exit 77 = skipped (ctest SKIP_RETURN_CODE).
 set -euo pipefail
 mode=$1 src=$2 build=$3 python=$4
@@ -20,6 +22,14 @@ case "$mode" in
       echo "SKIPPED: $lib was built without the C++ API (TORCHEXT_CPP_API=0)"
       exit 77
     fi
+    ;;
+  wheel)
+    # Imported from BUILD, not the checkout: its torchext/ must not shadow the wheel.
+    torchext_prefix=$(cd "$build" && PYTHONPATH= "$python" -c 'import torchext; print(torchext.cmake_prefix_path)')
+    case "$torchext_prefix" in
+      "$(cd "$src" && pwd)"/torchext/*) echo "downstream.sh wheel: torchext comes from the checkout ($torchext_prefix)"; exit 1 ;;
+    esac
+    echo "torchext's CMake package: $torchext_prefix"
     ;;
   install)
     cmake --install "$build" --prefix "$work/prefix" > "$work/install.log"

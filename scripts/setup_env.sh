@@ -9,21 +9,7 @@
 #   TORCHEXT_CUDA  0/1 to force the CUDA kernels off/on (default: auto)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-TORCH_VERSION=${TORCH_VERSION:-2.14.1}
-VENV=${VENV:-.venv-$TORCH_VERSION}
-PYTHON_BIN=${PYTHON_BIN:-python3}
-
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "== creating $VENV"
-  "$PYTHON_BIN" -m venv "$VENV"
-fi
-PY="$PWD/$VENV/bin/python"
-# numpy: torch.distributed.checkpoint needs it (the distributed tests use it).
-if ! "$PY" -c "import torch, sys, numpy, pytest, expecttest, ninja; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
-  echo "== installing torch==$TORCH_VERSION and tools into $VENV"
-  "$PY" -m pip install -q --upgrade pip setuptools wheel
-  "$PY" -m pip install -q "torch==$TORCH_VERSION" ninja pytest expecttest numpy
-fi
+source scripts/venv.sh
 
 # nvcc lives here on these machines; torch's own guess (/usr/local) has no headers.
 if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then

@@ -1,7 +1,39 @@
 """Shared helpers for the tests."""
 import copy
+import os
 
+import pytest
 import torch
+
+import torchext
+
+# The checkout these tests come from (examples/, benchmarks/, scripts/, csrc/),
+# and the directory that holds the torchext under test: the same checkout for
+# an in-place build, site-packages for an installed wheel (scripts/test_wheel.sh).
+SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(torchext.__file__)))
+INSTALLED = not os.path.samefile(SRC, PKG_PARENT)
+# scripts/test_wheel.sh runs the suite with no compiler reachable (torch.compile
+# gets g++ by absolute path, see conftest.py), then the tests that build C++
+# themselves with its C++ step.
+NO_COMPILER = os.environ.get("TORCHEXT_TEST_NO_COMPILER") == "1"
+_no_toolchain = pytest.mark.skipif(
+    NO_COMPILER, reason="builds C++ (cmake + a compiler), and this run has no compiler "
+    "reachable (TORCHEXT_TEST_NO_COMPILER=1): scripts/test_wheel.sh runs it in its C++ step")
+
+
+def needs_toolchain(test):
+    """A test that builds C++ itself: marked `toolchain` (test_wheel.sh's C++
+    step selects them with -m toolchain) and skipped where no compiler is."""
+    return pytest.mark.toolchain(_no_toolchain(test))
+
+
+def subprocess_env(**extra):
+    """os.environ for a Python subprocess that must import the torchext under
+    test (run it with cwd=PKG_PARENT, never from the checkout of an installed
+    run, whose torchext/ would shadow the installed one)."""
+    path = os.pathsep.join(filter(None, [PKG_PARENT, os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, **extra}
 
 
 def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:

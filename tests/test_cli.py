@@ -1,5 +1,6 @@
 """`python -m torchext` (info, check, bench), run as a user runs it: in a
-subprocess against this checkout. Benchmarks run --quick on shrunken cases
+subprocess against the torchext under test (this checkout's in-place build,
+or an installed wheel). Benchmarks run --quick on shrunken cases
 (a wrapper edits the case tables before calling the CLI) to stay fast on CI."""
 import importlib
 import json
@@ -17,16 +18,15 @@ from torchext import bench, cli
 from torchext.cli import check as cli_check
 from torchext.cli.info import arch_coverage
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(torchext.__file__)))
+from helpers import PKG_PARENT, SRC, subprocess_env
 
 
 def run_cli(*args, prelude="", timeout=300):
     """Runs the command line in a fresh process; prelude is Python run first
     (to block a module or shrink benchmark cases)."""
     code = prelude + "\nimport sys\nfrom torchext.cli import main\nsys.exit(main(sys.argv[1:]))"
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=ROOT)
+                          timeout=timeout, env=subprocess_env(), cwd=PKG_PARENT)
 
 
 # Shrinks every benchmark to a case of a few thousand elements.
@@ -41,12 +41,11 @@ NO_TQDM = "import sys; sys.modules['tqdm'] = None\n"
 
 def test_module_entry_point_and_usage():
     r = subprocess.run([sys.executable, "-m", "torchext", "--help"], capture_output=True,
-                       text=True, timeout=120, cwd=ROOT,
-                       env={**os.environ, "PYTHONPATH": ROOT})
+                       text=True, timeout=120, cwd=PKG_PARENT, env=subprocess_env())
     assert r.returncode == 0 and "info" in r.stdout and "check" in r.stdout
     assert run_cli().returncode == 2  # a subcommand is required
     # the `torchext` console script: setup.py's entry point resolves to a function
-    setup_py = open(os.path.join(ROOT, "setup.py")).read()
+    setup_py = open(os.path.join(SRC, "setup.py")).read()
     target = re.search(r'"torchext = ([\w.]+):(\w+)"', setup_py)
     assert target and callable(getattr(importlib.import_module(target[1]), target[2]))
 
@@ -217,11 +216,11 @@ def test_thin_benchmark_script_prints_its_table():
     code = TINY + textwrap.dedent(f"""
         import runpy, sys
         sys.argv = ["bench_amp.py", "--device", "cpu", "--quick"]
-        runpy.run_path({os.path.join(ROOT, "benchmarks", "bench_amp.py")!r},
+        runpy.run_path({os.path.join(SRC, "benchmarks", "bench_amp.py")!r},
                        run_name="__main__")
     """)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=300, env={**os.environ, "PYTHONPATH": ROOT}, cwd=ROOT)
+                       timeout=300, env=subprocess_env(), cwd=PKG_PARENT)
     assert r.returncode == 0, r.stderr
     assert "scale + step + update, 20 x 2k fp32" in r.stdout
     assert "| torchext GradScaler + ASGD (fused)" in r.stdout
@@ -230,7 +229,7 @@ def test_thin_benchmark_script_prints_its_table():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU branch")
 def test_gpu_check_without_gpu_says_so_and_fails(tmp_path):
     # PATH without nvidia-smi, as on a machine without the NVIDIA driver
-    r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh")],
+    r = subprocess.run(["bash", os.path.join(SRC, "scripts", "gpu_check.sh")],
                        capture_output=True, text=True, timeout=60,
                        env={**os.environ, "PATH": "/usr/bin:/bin", "OUT": str(tmp_path)})
     assert r.returncode == 1

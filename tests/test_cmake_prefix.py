@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import torchext
+from helpers import needs_toolchain
 
 
 def test_cmake_prefix_path_points_to_a_config():
@@ -30,6 +31,7 @@ def test_cmake_prefix_path_points_to_a_config():
     assert any(os.path.isfile(os.path.join(h, "torchext", "torchext.h")) for h in headers)
 
 
+@needs_toolchain
 @pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake not installed")
 def test_find_package_configures(tmp_path):
     (tmp_path / "CMakeLists.txt").write_text(textwrap.dedent("""

@@ -12,15 +12,15 @@ import torch
 
 import torchext
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+from helpers import PKG_PARENT, SRC, subprocess_env
+
 # What ATen itself can run here, best last.
 _ORDER = ["default", "avx2", "avx512"]
 _HOST = torch.backends.cpu.get_cpu_capability().lower()
 _RUNNABLE = _ORDER[: _ORDER.index(_HOST) + 1] if _HOST in _ORDER else ["default"]
 # The tests that run the CPU kernels' math: ASGD parity with torch, and the
 # unscale / inf-check / fused-unscale kernels.
-_SUITES = ["tests/test_asgd_parity.py", "tests/test_ops.py"]
+_SUITES = [os.path.join(SRC, "tests", f) for f in ("test_asgd_parity.py", "test_ops.py")]
 _OPS_FILTER = "unscale or check_finite or grad_scale or mixed or found_inf or matches_torch"
 
 
@@ -31,17 +31,19 @@ def test_library_uses_atens_choice():
 @pytest.mark.skipif(sys.platform != "linux", reason="per-ISA builds are x86-64 GCC only")
 @pytest.mark.parametrize("isa", [i for i in _RUNNABLE if i != _HOST])
 def test_kernels_under_isa(isa):
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": isa,
-           "PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+    # In the torchext under test's directory, not the checkout (an installed
+    # wheel's run must not import the checkout's torchext/).
+    env = subprocess_env(ATEN_CPU_CAPABILITY=isa)
     probe = subprocess.run(
         [sys.executable, "-c", "import torchext; print(torchext.cpu_isa())"],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        env=env, cwd=PKG_PARENT, capture_output=True, text=True, timeout=120)
     assert probe.returncode == 0, probe.stderr[-2000:]
     assert probe.stdout.strip() == isa, f"asked ATen for {isa}, torchext runs {probe.stdout!r}"
     for suite, k in [(_SUITES[0], None), (_SUITES[1], _OPS_FILTER)]:
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", suite]
         if k:
             cmd += ["-k", k]
-        r = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        r = subprocess.run(cmd, env=env, cwd=PKG_PARENT, capture_output=True, text=True,
+                           timeout=600)
         assert r.returncode == 0, f"{suite} under ATEN_CPU_CAPABILITY={isa}:\n{r.stdout[-4000:]}"
         assert " passed" in r.stdout.splitlines()[-1], r.stdout[-500:]

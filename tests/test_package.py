@@ -7,12 +7,17 @@ import sys
 import torch
 
 import torchext
+from helpers import SRC
 
 PKG = os.path.dirname(torchext.__file__)
 
 
 def test_version_and_build_info():
-    assert torchext.__version__ == "0.1.0"
+    # version.txt's version, with the torch the library was built for as a
+    # PEP 440 local label (the wheel's version: 0.1.0+torch2.13.0.cpu).
+    base, _, label = torch.__version__.partition("+")
+    assert torchext.__version__ == f"0.1.0+torch{base}.{label or 'cpu'}" + (
+        ".nocuda" if torch.version.cuda and not torchext.has_cuda_kernels() else "")
     info = torchext.build_info
     assert info["cpu"] is True and info["torch_version"] == torch.__version__
     assert isinstance(info["cuda"], bool) and torchext.has_cuda_kernels() == info["cuda"]
@@ -30,15 +35,44 @@ def _import_copy(tmp_path, mutate):
                           env={**os.environ, "PYTHONPATH": str(tmp_path)})
 
 
+def _built_for_another_torch(dst):
+    info = (dst / "_build_info.py").read_text()
+    (dst / "_build_info.py").write_text(info.replace(repr(torch.__version__), repr("2.99.0+cpu")))
+
+
 def test_import_refuses_library_built_for_another_torch(tmp_path):
+    # As an installed wheel (no sources next to the package): names the wheel
+    # for the running torch, and the torch this one is for.
+    r = _import_copy(tmp_path, _built_for_another_torch)
+    assert r.returncode != 0
+    assert (f"torchext {torchext.__version__} was built against torch 2.99.0+cpu, but torch "
+            f"{torch.__version__} is installed") in r.stderr
+    base, _, label = torch.__version__.partition("+")
+    assert f'pip install "torchext==0.1.0+torch{base}.{label or "cpu"}"' in r.stderr
+    assert "pip install torch==2.99.0" in r.stderr
+
+
+def test_import_refuses_another_build_of_the_same_torch_version(tmp_path):
+    # torch==2.13.0 can bring 2.13.0+cu130 where the wheel is for 2.13.0+cpu
+    other = torch.__version__.split("+")[0] + "+othervariant"
+
     def mutate(dst):
         info = (dst / "_build_info.py").read_text()
-        (dst / "_build_info.py").write_text(
-            info.replace(repr(torch.__version__), repr("0.0.0+other")))
+        (dst / "_build_info.py").write_text(info.replace(repr(torch.__version__), repr(other)))
     r = _import_copy(tmp_path, mutate)
     assert r.returncode != 0
-    assert "built against torch 0.0.0+other" in r.stderr
-    assert "pip install --no-build-isolation" in r.stderr
+    assert f'pip install "torch=={other}"' in r.stderr
+
+
+def test_import_refuses_library_built_for_another_torch_in_a_source_tree(tmp_path):
+    def mutate(dst):
+        _built_for_another_torch(dst)
+        (tmp_path / "csrc").mkdir()
+        (tmp_path / "setup.py").write_text("# setup\n")
+    r = _import_copy(tmp_path, mutate)
+    assert r.returncode != 0
+    assert "built against torch 2.99.0+cpu" in r.stderr
+    assert f"pip install --no-build-isolation -e {tmp_path}" in r.stderr
 
 
 def test_import_explains_missing_library(tmp_path):
@@ -113,12 +147,13 @@ def test_setup_env_rebuilds_on_source_changes(tmp_path):
     changed since the last successful build, not otherwise, and starts from a
     clean build/ for another torch. Run in a copy of the tree, with a venv
     whose `pip` only records its calls."""
-    root = os.path.dirname(PKG)
-    for d in ("scripts", "csrc", "torchext"):
-        shutil.copytree(os.path.join(root, d), tmp_path / d,
+    # The checkout's scripts and sources, and the package under test (in
+    # place or installed: it has the library the fake pip "builds").
+    for src, d in ((SRC, "scripts"), (SRC, "csrc"), (PKG, None)):
+        shutil.copytree(os.path.join(src, d) if d else src, tmp_path / (d or "torchext"),
                         ignore=shutil.ignore_patterns("__pycache__"))
     for f in ("setup.py", "CMakeLists.txt"):
-        shutil.copy(os.path.join(root, f), tmp_path / f)
+        shutil.copy(os.path.join(SRC, f), tmp_path / f)
     venv = tmp_path / ".venv-fake" / "bin"
     venv.mkdir(parents=True)
     log, built = tmp_path / "pip.log", tmp_path / "built"

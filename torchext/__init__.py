@@ -20,6 +20,44 @@ def _find_library():
     return candidates[0] if candidates else None
 
 
+def _in_source_tree():
+    """True for a source checkout (an in-place or editable build), False for
+    an installed wheel (no csrc/ or setup.py next to the package)."""
+    root = _os.path.dirname(_HERE)
+    return (_os.path.isdir(_os.path.join(root, "csrc")) and
+            _os.path.isfile(_os.path.join(root, "setup.py")))
+
+
+def _wheel_label(torch_version):
+    # The local version label of the torchext wheel for a torch (setup.py's
+    # local_version): 2.14.1+cu130 -> torch2.14.1.cu130.
+    base, _, variant = torch_version.partition("+")
+    return f"torch{base}.{variant or 'cpu'}"
+
+
+def _wrong_torch_message(built_for):
+    running = _torch.__version__
+    base = __version__.split("+")[0]
+    text = (f"torchext {__version__} was built against torch {built_for}, but torch "
+            f"{running} is installed (a custom-op library is tied to the torch ABI it was "
+            "compiled with). ")
+    if _in_source_tree():
+        return text + ("Rebuild it against this torch: `pip install --no-build-isolation -e "
+                       f"{_os.path.dirname(_HERE)}`.")
+    if built_for.split("+")[0] == running.split("+")[0]:
+        # Same version, another build of it (CPU vs CUDA): pip's torch==X
+        # requirement cannot tell them apart.
+        back = (f"or install the torch build it is for: `pip install \"torch=={built_for}\"` "
+                "(from the package index that carries that build)")
+    else:
+        back = f"or go back to `pip install torch=={built_for.split('+')[0]}`"
+    return text + (f"Install the torchext wheel built for torch {running}: "
+                   f"`pip install \"torchext=={base}+{_wheel_label(running)}\"` (the wheels "
+                   f"carry the torch they are for in their version), {back}; for any other "
+                   "torch, build torchext from source against it (`pip install "
+                   "--no-build-isolation` in a torchext checkout or sdist).")
+
+
 def _load():
     try:
         from . import _build_info
@@ -32,10 +70,7 @@ def _load():
             "installed torch with `pip install --no-build-isolation -e .` in the torchext "
             "source tree.")
     if _build_info.TORCH_VERSION != _torch.__version__:
-        raise ImportError(
-            f"torchext was built against torch {_build_info.TORCH_VERSION} but torch "
-            f"{_torch.__version__} is installed. Rebuild it: `pip install --no-build-isolation "
-            "-e .` (custom ops are tied to the torch ABI they were compiled with).")
+        raise ImportError(_wrong_torch_message(_build_info.TORCH_VERSION))
     try:
         _torch.ops.load_library(path)
     except OSError as e:
@@ -49,10 +84,9 @@ library_path, _build_info = _load()
 def _warn_if_stale():
     # Only in a source tree (editable or in-place build): an installed wheel
     # has no csrc/ next to it. Costs a few stat calls.
-    root = _os.path.dirname(_HERE)
-    if not (_os.path.isdir(_os.path.join(root, "csrc")) and
-            _os.path.isfile(_os.path.join(root, "setup.py"))):
+    if not _in_source_tree():
         return
+    root = _os.path.dirname(_HERE)
     from ._sources import stale_sources
     newer = stale_sources(root, library_path, _HERE)
     if newer:

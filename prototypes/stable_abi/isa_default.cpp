@@ -1,0 +1,2 @@
+#include "asgd_loop.h"
+PROTO_DEFINE_ISA(default)
