@@ -1,6 +1,7 @@
 """ASGD's averaged weights: the swap_ op, averaged_parameters(),
 start_averaging(), NonMonotonicTrigger and averaged_state_dict()."""
 import copy
+import io
 import math
 
 import pytest
@@ -382,6 +383,94 @@ def test_trigger_starts_averaging_on_asgd():
     trig = NonMonotonicTrigger(opt, nonmono=1)
     assert [trig.step(v) for v in (3.0, 2.0, 3.5)] == [False, False, True]
     assert opt.param_groups[0]["t0"] == 2.0
+
+
+def test_trigger_watches_any_optimizer_through_on_trigger():
+    sgd = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1)
+    fired = []
+    trig = NonMonotonicTrigger(sgd, nonmono=1, on_trigger=lambda: fired.append(True))
+    assert [trig.step(v) for v in (3.0, 2.0, 3.5, 1.0)] == [False, False, True, False]
+    assert fired == [True]
+    trig = NonMonotonicTrigger(on_trigger=lambda: fired.append(True), nonmono=0)
+    assert trig.optimizer is None and [trig.step(v) for v in (1.0, 2.0)] == [False, True]
+    with pytest.raises(TypeError, match="on_trigger must be callable"):
+        NonMonotonicTrigger(on_trigger=3)
+
+
+def _awd_lstm_style_run(asgd_cls, epochs=10, nonmono=2):
+    """AWD-LSTM's NT-ASGD script, shrunk: train with SGD, watch the
+    validation loss with the trigger, and when it fires switch to a new
+    ASGD(t0=0, lambd=0.0) over the same parameters (the script's exact
+    call); evaluate and checkpoint with the averaged weights afterwards
+    (the script's `prm.data = ax` dance, here averaged_parameters())."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(64, 6, generator=gen), torch.randn(64, 3, generator=gen)
+    xv, yv = torch.randn(32, 6, generator=gen), torch.randn(32, 3, generator=gen)
+    box = {"opt": torch.optim.SGD(model.parameters(), lr=0.5, weight_decay=1e-4)}
+
+    def switch():
+        box["opt"] = asgd_cls(model.parameters(), lr=0.5, t0=0, lambd=0.0, weight_decay=1e-4)
+
+    trig = NonMonotonicTrigger(box["opt"], nonmono=nonmono, on_trigger=switch)
+    losses, switched_at = [], None
+    for epoch in range(epochs):
+        for i in range(0, 64, 16):
+            box["opt"].zero_grad()
+            torch.nn.functional.mse_loss(model(x[i:i + 16]), y[i:i + 16]).backward()
+            box["opt"].step()
+        with torch.no_grad():
+            val = torch.nn.functional.mse_loss(model(xv), yv).item()
+        losses.append(val)
+        # The script's validation noise: an epoch that got worse fires it.
+        if trig.step(val + (0.05 if epoch == 4 else 0.0)) and switched_at is None:
+            switched_at = epoch
+    return model, box["opt"], losses, switched_at
+
+
+def test_awd_lstm_style_sgd_to_asgd_switch_matches_torch():
+    ours = _awd_lstm_style_run(torchext.optim.ASGD)
+    ref = _awd_lstm_style_run(torch.optim.ASGD)
+    assert ours[3] is not None and ours[3] == ref[3]  # fired, at the same epoch
+    assert isinstance(ours[1], torchext.optim.ASGD)
+    assert ours[2] == ref[2]  # every validation loss, bit for bit
+    for p, q in zip(ours[0].parameters(), ref[0].parameters()):
+        assert torch.equal(p, q)
+        for k in ("step", "eta", "mu", "ax"):
+            assert torch.equal(ours[1].state[p][k], ref[1].state[q][k]), k
+    # The averaged weights the script evaluates: torch's ax, swapped in.
+    with ours[1].averaged_parameters():
+        for p, q in zip(ours[0].parameters(), ref[0].parameters()):
+            assert torch.equal(p, ref[1].state[q]["ax"])
+
+
+def test_pickling_inside_averaged_parameters_saves_the_true_average():
+    """AWD-LSTM saves [model, criterion, optimizer] with torch.save while the
+    parameters hold their averages: the saved optimizer's ax must be the
+    average (not the training weights the swap parked in ax)."""
+    model, opt, x, y = _trained(steps=6, t0=2)
+    averages = [opt.state[p]["ax"].clone() for p in model.parameters()]
+    training = [p.detach().clone() for p in model.parameters()]
+    with opt.averaged_parameters():
+        buf = io.BytesIO()
+        torch.save([model, opt], buf)
+        twin = copy.deepcopy(opt)
+    buf.seek(0)
+    saved_model, saved_opt = torch.load(buf, weights_only=False)
+    for sp, avg in zip(saved_model.parameters(), averages):
+        assert torch.equal(sp, avg)  # the model was saved with its averages, as the script wants
+        assert torch.equal(saved_opt.state[sp]["ax"], avg)
+        assert saved_opt.state[sp]["ax"].data_ptr() != sp.data_ptr()
+    for p, tp in zip(model.parameters(), twin.param_groups[0]["params"]):
+        assert torch.equal(twin.state[tp]["ax"], opt.state[p]["ax"])
+    # The live optimizer and model are exactly as before.
+    for p, t, avg in zip(model.parameters(), training, averages):
+        assert torch.equal(p, t) and torch.equal(opt.state[p]["ax"], avg)
+    # And the loaded optimizer steps (its state is owned again).
+    for sp in saved_model.parameters():
+        sp.grad = torch.ones_like(sp)
+    saved_opt.step()
 
 
 # ------------------------------------------------------- averaged_state_dict

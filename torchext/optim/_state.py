@@ -59,6 +59,24 @@ class Generation:
         self.n = 0
 
 
+def _counting(base: type, names: tuple[str, ...]):
+    """Class decorator: each method of ``base`` named in ``names`` also
+    counts a structural change in the instance's Generation."""
+    def decorate(cls):
+        for name in names:
+            def method(self, *args, _base=getattr(base, name), **kwargs):
+                self._gen.n += 1
+                return _base(self, *args, **kwargs)
+            method.__name__ = name
+            setattr(cls, name, method)
+        return cls
+    return decorate
+
+
+_DICT_MUTATORS = ("__setitem__", "__delitem__", "pop", "popitem", "clear", "setdefault", "update")
+
+
+@_counting(dict, _DICT_MUTATORS)
 class ParamState(dict):
     """One parameter's state (a dict, as torch keeps it); every change to it
     is structural (the slot groups are rebuilt, the new values packed)."""
@@ -68,30 +86,13 @@ class ParamState(dict):
         dict.__init__(self, *args, **kwargs)
         self._gen = gen
 
-    def _changed(name):  # noqa: N805  (builds the mutators below)
-        base = getattr(dict, name)
-
-        def method(self, *args, **kwargs):
-            self._gen.n += 1
-            return base(self, *args, **kwargs)
-        method.__name__ = name
-        return method
-
-    __setitem__ = _changed("__setitem__")
-    __delitem__ = _changed("__delitem__")
-    pop = _changed("pop")
-    popitem = _changed("popitem")
-    clear = _changed("clear")
-    setdefault = _changed("setdefault")
-    update = _changed("update")
-    del _changed
-
     def __reduce__(self):
         # Pickles (torch.save of the optimizer, deepcopy) as a plain dict:
         # the loader rebuilds ownership (ASGD.__setstate__).
         return (dict, (dict(self),))
 
 
+@_counting(collections.defaultdict, _DICT_MUTATORS[1:])
 class StateMap(collections.defaultdict):
     """``opt.state``: every change of a parameter's entry is structural."""
 
@@ -105,27 +106,12 @@ class StateMap(collections.defaultdict):
             value = ParamState(self._gen, value)
         collections.defaultdict.__setitem__(self, key, value)
 
-    def _changed(name):  # noqa: N805
-        base = getattr(collections.defaultdict, name)
-
-        def method(self, *args, **kwargs):
-            self._gen.n += 1
-            return base(self, *args, **kwargs)
-        method.__name__ = name
-        return method
-
-    __delitem__ = _changed("__delitem__")
-    pop = _changed("pop")
-    popitem = _changed("popitem")
-    clear = _changed("clear")
-    setdefault = _changed("setdefault")
-    update = _changed("update")
-    del _changed
-
     def __reduce__(self):
         return (collections.defaultdict, (dict, dict(self)))
 
 
+@_counting(list, ("__setitem__", "__delitem__", "__iadd__", "__imul__", "append", "extend",
+                  "insert", "pop", "remove", "clear", "sort", "reverse"))
 class ParamList(list):
     """A param group's ``params``: any edit is structural."""
     __slots__ = ("_gen",)
@@ -133,29 +119,6 @@ class ParamList(list):
     def __init__(self, gen: Generation, items: Iterable[Any] = ()) -> None:
         list.__init__(self, items)
         self._gen = gen
-
-    def _changed(name):  # noqa: N805
-        base = getattr(list, name)
-
-        def method(self, *args, **kwargs):
-            self._gen.n += 1
-            return base(self, *args, **kwargs)
-        method.__name__ = name
-        return method
-
-    __setitem__ = _changed("__setitem__")
-    __delitem__ = _changed("__delitem__")
-    __iadd__ = _changed("__iadd__")
-    __imul__ = _changed("__imul__")
-    append = _changed("append")
-    extend = _changed("extend")
-    insert = _changed("insert")
-    pop = _changed("pop")
-    remove = _changed("remove")
-    clear = _changed("clear")
-    sort = _changed("sort")
-    reverse = _changed("reverse")
-    del _changed
 
     def __reduce__(self):
         return (list, (list(self),))
