@@ -376,3 +376,98 @@ def test_sparse_grad_refused_by_asgd_leaves_the_scaler_as_it_was():
     after = everything(lin, opt, scaler)
     for key in ("grads", "grad_ids", "scaler", "records", "attrs"):
         assert_same(after[key], before[key])
+
+
+# ------------------------------------------- what GradScaler takes from torch
+
+# Methods of torch.amp.GradScaler that torchext's overrides, and why: a
+# compiled train step calls them (Dynamo skips torch/amp/grad_scaler.py), or
+# they carry torchext's extensions (fused-step protocol, extra state, whole
+# checkpoint validation). Everything else must be torch's own function.
+OVERRIDDEN = {
+    "__init__": "hysteresis, clamps, allow_fp16, process_group",
+    "_check_scale_growth_tracker": "compiled step",
+    "_lazy_init_scale_growth_tracker": "compiled step; device inferred; extra trackers",
+    "scale": "compiled step",
+    "_unscale_grads_": "compiled step; torchext::unscale_, all-or-nothing",
+    "unscale_": "compiled step",
+    "step": "compiled step; fused-step protocol; no _maybe_opt_step",
+    "update": "compiled step; update(optimizer); hysteresis and clamps",
+    "_check_inf_per_device": "compiled step; read-only check",
+    "state_dict": "torch's keys plus torchext's",
+    "load_state_dict": "validated whole first, then torch's",
+    "__getstate__": "torch's, plus torchext's trackers as numbers",
+}
+
+
+def test_grad_scaler_overrides_only_what_differs():
+    theirs = torch.amp.GradScaler
+    ours_defined = {k for k, v in vars(GradScaler).items() if callable(v)}
+    shared = {k for k, v in vars(theirs).items() if callable(v)}
+    assert ours_defined & shared == set(OVERRIDDEN)
+    for name in shared - set(OVERRIDDEN):
+        assert getattr(GradScaler, name) is getattr(theirs, name), name
+
+
+def test_inherited_getters_setters_and_pickling_behave_as_torch():
+    t, o = torch.amp.GradScaler("cpu", **KW), GradScaler(**KW)
+    for s in (t, o):
+        model = small_model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        for i in range(5):
+            opt.zero_grad()
+            backward(model, s, poison=float("nan") if i == 1 else None)
+            s.step(opt)
+            s.update()
+        s.set_growth_factor(3.0)
+        s.set_backoff_factor(0.25)
+        s.set_growth_interval(7)
+    for getter in ("get_scale", "get_growth_factor", "get_backoff_factor",
+                   "get_growth_interval", "is_enabled", "_get_growth_tracker"):
+        assert getattr(t, getter)() == getattr(o, getter)(), getter
+    sd_t, sd_o = t.state_dict(), o.state_dict()
+    assert list(sd_o)[:5] == list(sd_t) and all(sd_o[k] == sd_t[k] for k in sd_t)
+    t2, o2 = pickle.loads(pickle.dumps(t)), pickle.loads(pickle.dumps(o))
+    assert t2.state_dict() == t.state_dict() and o2.state_dict() == o.state_dict()
+    # Each loads the other's checkpoint and continues identically.
+    t3, o3 = torch.amp.GradScaler("cpu"), GradScaler()
+    t3.load_state_dict(sd_o)
+    o3.load_state_dict(sd_t)
+    assert t3.state_dict() == sd_t and {k: o3.state_dict()[k] for k in sd_t} == sd_t
+
+
+def test_step_returns_what_the_optimizer_step_returned():
+    class Returns(torch.optim.SGD):
+        def step(self, closure=None):
+            super().step(closure)
+            return "ran"
+
+    for s in scalers():
+        model = small_model()
+        opt = Returns(model.parameters(), lr=0.05)
+        results = []
+        for i in range(3):
+            opt.zero_grad()
+            backward(model, s, poison=float("inf") if i == 1 else None)
+            results.append(s.step(opt))
+            s.update()
+        assert results == ["ran", None, "ran"]
+    # torchext's ASGD through the fused protocol too: on an overflow its
+    # step() is not called (None), unless capturable=True (always called,
+    # the skip happens on the device).
+    class ASGDReturns(torchext.optim.ASGD):
+        def step(self, closure=None):
+            super().step(closure)
+            return "ran"
+
+    for capturable, want in ((False, ["ran", None, "ran"]), (True, ["ran"] * 3)):
+        model = small_model()
+        opt = ASGDReturns(model.parameters(), lr=0.05, capturable=capturable)
+        s = GradScaler(**KW)
+        results = []
+        for i in range(3):
+            opt.zero_grad()
+            backward(model, s, poison=float("inf") if i == 1 else None)
+            results.append(s.step(opt))
+            s.update()
+        assert results == want, capturable
