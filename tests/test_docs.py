@@ -2,6 +2,7 @@
 not marked otherwise, page by page (tests/docs_snippets.py says how fences
 are marked; the ```cpp fences are built by the downstream_docs ctest). Also:
 the README stays short, and relative links and their anchors resolve."""
+import concurrent.futures
 import os
 import re
 import subprocess
@@ -31,36 +32,60 @@ def test_every_page_is_in_the_index_and_fence_tags_are_known():
                 ds.check_tags(fence)
 
 
-def _run_page(page, cuda, tmp_path):
+def _run_page(page, cuda, cwd):
     # The torchext this test imported (the source tree, or an installed one).
     here = os.path.dirname(os.path.dirname(os.path.abspath(torchext.__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [here] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     cmd = [sys.executable, ds.__file__, "run", page] + (["--cuda"] if cuda else [])
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="session")
+def page_runs(request, tmp_path_factory):
+    """Runs every selected page's snippets up front, a few processes at a
+    time (TORCHEXT_DOCS_JOBS, default: the CPU count, at most 4), so the
+    pages' imports and compiles overlap; each test then waits for its own."""
+    wanted = []
+    for item in request.session.items:
+        name = getattr(item, "originalname", "")
+        if name in ("test_page_snippets_run", "test_page_snippets_run_with_cuda_fences"):
+            cuda = name.endswith("cuda_fences")
+            page = item.callspec.params["page"]
+            if (cuda and CUDA) or (not cuda and ds.python_fences(page, cuda=False)):
+                wanted.append((page, cuda))
+    jobs = int(os.environ.get("TORCHEXT_DOCS_JOBS", min(4, os.cpu_count() or 1)))
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs))
+    futures = {key: pool.submit(_run_page, *key, tmp_path_factory.mktemp("docs"))
+               for key in wanted}
+    yield futures
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _check(page_runs, page, cuda):
+    proc = page_runs[(page, cuda)].result()
     if proc.returncode != 0:
         pytest.fail(f"{page}: a snippet failed\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}",
                     pytrace=False)
 
 
 @pytest.mark.parametrize("page", PYTHON_PAGES)
-def test_page_snippets_run(page, tmp_path):
+def test_page_snippets_run(page, page_runs):
     """The page's python fences (cuda ones left out), in order, in one
     namespace, in a fresh process (its working directory a temporary one).
     The failure message names the page line that raised."""
     if not ds.python_fences(page, cuda=False):
         pytest.skip("no python fence of this page runs on CPU")
-    _run_page(page, False, tmp_path)
+    _check(page_runs, page, False)
 
 
 @pytest.mark.parametrize("page", CUDA_PAGES)
-def test_page_snippets_run_with_cuda_fences(page, tmp_path):
+def test_page_snippets_run_with_cuda_fences(page, page_runs):
     """The same, with the page's ```python cuda fences (scripts/gpu_check.sh
     runs it: its -k selects "cuda")."""
     if not CUDA:
         pytest.skip("needs a CUDA GPU and torchext built with CUDA kernels")
-    _run_page(page, True, tmp_path)
+    _check(page_runs, page, True)
 
 
 def test_cpp_fences_are_programs():
