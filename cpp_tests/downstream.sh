@@ -5,6 +5,9 @@
 #   downstream.sh install SRC BUILD PYTHON   # `cmake --install` of the CMake build
 #   downstream.sh wheel   SRC BUILD PYTHON   # the config of the wheel installed for PYTHON
 #                                            # (scripts/test_wheel.sh)
+#   downstream.sh docs    SRC BUILD PYTHON   # the ```cpp fences of README.md and docs/
+#                                            # (tests/docs_snippets.py), against the
+#                                            # Python package's config, as `pip`
 # Exit 77 = skipped (ctest SKIP_RETURN_CODE).
 set -euo pipefail
 mode=$1 src=$2 build=$3 python=$4
@@ -14,7 +17,7 @@ mkdir -p "$work"
 torch_prefix=$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
 
 case "$mode" in
-  pip)
+  pip|docs)
     torchext_prefix=$(cd "$src" && "$python" -c 'import torchext; print(torchext.cmake_prefix_path)')
     lib=$(cd "$src" && "$python" -c 'import torchext; print(torchext.library_path)')
     symbols=$(nm -DC --defined-only "$lib")
@@ -37,6 +40,23 @@ case "$mode" in
     ;;
   *) echo "unknown mode $mode"; exit 2 ;;
 esac
+
+if [ "$mode" = docs ]; then
+  # One executable per fence; each starts with `#line N "page"`, so a compile
+  # error names the page and line. run.txt lists the ones to run (not no-run).
+  "$python" "$src/tests/docs_snippets.py" cpp-project "$work/src"
+  cmake -S "$work/src" -B "$work/build" \
+    "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--as-needed" \
+    "-DCMAKE_PREFIX_PATH=$torchext_prefix;$torch_prefix" > "$work/configure.log" 2>&1 ||
+    { cat "$work/configure.log"; exit 1; }
+  cmake --build "$work/build" -j "${JOBS:-2}"
+  mkdir -p "$work/run"
+  while read -r name; do
+    echo "== running $name"
+    (cd "$work/run" && "$work/build/$name") || { echo "FAILED: $name"; exit 1; }
+  done < "$work/src/run.txt"
+  exit 0
+fi
 
 # A plain configure: the package config finds torch's CUDA hints itself.
 # --as-needed as on Ubuntu-like toolchains: the ops library must stay linked.

@@ -468,7 +468,7 @@ def test_user_examples_print_what_torch_prints(example, reference, capsys):
 
 
 def test_sync_free_lr_schedule_recipe_from_readme():
-    """The README's recipe: decay a tensor lr only on steps that ran, on the
+    """docs/scaler.md's recipe: decay a tensor lr only on steps that ran, on the
     device, from scaler.last_step_skipped (capturable=True: no host sync)."""
     m = small_model()
     lr = torch.tensor(0.1)

@@ -120,7 +120,7 @@ def parser():
     p.add_argument("--plot", metavar="PNG", help="bar chart of speed-ups and bandwidth "
                    "fractions (needs matplotlib: pip install torchext[bench])")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON (schema: "
-                   "torchext.bench module docstring, or the README)")
+                   "torchext.bench module docstring, or docs/benchmarks.md)")
     p.set_defaults(fn=cmd_bench)
     return ap
 

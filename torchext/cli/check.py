@@ -6,7 +6,7 @@ Tolerances (relative, at the tensor's scale: max|ours - ref| / max|ref|):
 - float64: 1e-7. Both sides keep step/eta/mu in float32 (as torch does); a
   tensor lr's eta schedule is evaluated in float64 and rounded once here, in
   float32 tensor math by torch, so their float64 parameters agree to ~1e-8
-  (README, ASGD: "~1e-7 rather than 1e-12"); a float lr agrees to ~1e-15.
+  (docs/optimizer.md: "~1e-7 rather than 1e-12"); a float lr agrees to ~1e-15.
 - float32, complex64: 1e-5, about 80 ulp after STEPS steps, each a few
   roundings, with FMA vs separate rounding; a missing term of the update
   (e.g. weight decay: lr * wd = 5e-4 relative) is 50x larger.

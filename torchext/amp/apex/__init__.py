@@ -9,7 +9,7 @@ Code written for apex::
     optimizer.step()
 
 runs with only the import changed to ``from torchext import amp``, on CPU or
-CUDA, without apex. How each piece maps (see "Migrating from apex" in README.md):
+CUDA, without apex. How each piece maps (see docs/apex.md):
 
 * ``O1``: each model's ``forward`` runs under ``torch.autocast`` (fp16 on
   CUDA, bf16 on CPU), instead of apex's monkey-patching of torch functions.
