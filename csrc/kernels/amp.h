@@ -76,7 +76,8 @@ void scan_launch(at::TensorList tensors, const at::Tensor& found_inf, const floa
     void* ptr;
     int64_t numel = t.numel();
     at::ScalarType dtype = t.scalar_type();
-    if (t.is_non_overlapping_and_dense()) {
+    // (A lazily conjugated tensor goes the CPU kernel's way: view_as_real refuses it.)
+    if (t.is_non_overlapping_and_dense() && !t.is_conj()) {
       // Read-only scans (inv_scale == nullptr) never write through it.
       ptr = inv_scale != nullptr ? t.data_ptr() : const_cast<void*>(t.const_data_ptr());
       if (at::isComplexType(dtype)) {
