@@ -72,6 +72,7 @@ class SummaryPrinter : public ::testing::Environment {
       t.threads += c.threads;
       t.elements += c.elements;
     }
+    if (per_op.empty()) return;  // nothing ran on the host runner (e.g. only CudaDevice.*)
     std::ostringstream line;
     line << "cuda_on_host summary (launches, blocks, elements emulated):";
     for (const auto& [op, c] : per_op) {
