@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import torchext
+from conftest import requires_cuda
 from helpers import all_state, data, rel_err, small_model, train, twin
 
 STEPS = 120
@@ -253,3 +254,27 @@ def test_reference_path_is_torch_for_loop_bit_for_bit(lr):
     for a_list, b_list in zip(ours, ref):
         for a, b in zip(a_list, b_list):
             assert torch.equal(a, b)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64])
+@pytest.mark.parametrize("t0,lambd_alpha,wd,maximize",
+                         [c[1:] for c in CASES if c[0] == "float"])
+def test_cuda_equals_torch_for_loop_bit_for_bit(dtype, t0, lambd_alpha, wd, maximize):
+    """On a GPU the fused kernel equals torch.optim.ASGD(foreach=False) bit for
+    bit, as on the CPU: both fuse a multiply-add only in each `add` with
+    alpha (the CUDA kernels with explicit __fmaf_rn, torch's add kernel
+    because nvcc contracts its `a + b * alpha`). A float lr: with a tensor lr
+    torch computes eta in float32 tensor math, torchext in float64."""
+    lambd, alpha = lambd_alpha
+    shape = (70001,)  # two chunks of 65536 elements, the second not a multiple of 4
+    g = torch.Generator().manual_seed(5)
+    p0 = torch.randn(shape, generator=g, dtype=torch.float64).to(dtype).cuda()
+    grads = [x.cuda() for x in _grad_sequence(shape, 25, dtype, seed=6)]
+    kw = dict(lr=0.05, lambd=lambd, alpha=alpha, t0=t0, weight_decay=wd, maximize=maximize)
+    p_ref, ref = _drive(torch.optim.ASGD, p0, grads, foreach=False, **kw)
+    p_ours, ours = _drive(torchext.optim.ASGD, p0, grads, **kw)
+    assert torch.equal(p_ours, p_ref)
+    for (k1, s1), (k2, s2) in zip(all_state(ref), all_state(ours)):
+        assert k1 == k2 and s1.dtype == s2.dtype and s2.device == s1.device
+        assert torch.equal(s2, s1), k1

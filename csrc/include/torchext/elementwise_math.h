@@ -14,6 +14,42 @@
 namespace torchext {
 namespace math {
 
+// ---- Rounding policy ----------------------------------------------------
+// Every product and sum below goes through mul/add/sub, rounded as written,
+// and a fused multiply-add happens only where a launcher passes one (the
+// `madd` of asgd_update). On the host the library is compiled with
+// -ffp-contract=off, so `a * b` is a rounded product; nvcc contracts
+// `a * b + c` by default (-fmad=true), so on the device the float and double
+// overloads use the explicitly rounded intrinsics, which it never contracts.
+// Vectorized types (CPU loops) take the generic templates.
+template <typename V>
+C10_HOST_DEVICE inline V mul(const V& a, const V& b) { return a * b; }
+template <typename V>
+C10_HOST_DEVICE inline V add(const V& a, const V& b) { return a + b; }
+template <typename V>
+C10_HOST_DEVICE inline V sub(const V& a, const V& b) { return a - b; }
+
+#if defined(__CUDA_ARCH__)
+C10_HOST_DEVICE inline float mul(float a, float b) { return __fmul_rn(a, b); }
+C10_HOST_DEVICE inline float add(float a, float b) { return __fadd_rn(a, b); }
+C10_HOST_DEVICE inline float sub(float a, float b) { return __fsub_rn(a, b); }
+C10_HOST_DEVICE inline double mul(double a, double b) { return __dmul_rn(a, b); }
+C10_HOST_DEVICE inline double add(double a, double b) { return __dadd_rn(a, b); }
+C10_HOST_DEVICE inline double sub(double a, double b) { return __dsub_rn(a, b); }
+C10_HOST_DEVICE inline float fma_rn(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+C10_HOST_DEVICE inline double fma_rn(double a, double b, double c) { return __fma_rn(a, b, c); }
+#else
+C10_HOST_DEVICE inline float mul(float a, float b) { return a * b; }
+C10_HOST_DEVICE inline float add(float a, float b) { return a + b; }
+C10_HOST_DEVICE inline float sub(float a, float b) { return a - b; }
+C10_HOST_DEVICE inline double mul(double a, double b) { return a * b; }
+C10_HOST_DEVICE inline double add(double a, double b) { return a + b; }
+C10_HOST_DEVICE inline double sub(double a, double b) { return a - b; }
+// a * b + c rounded once: the host twin of __fmaf_rn / __fma_rn.
+C10_HOST_DEVICE inline float fma_rn(float a, float b, float c) { return std::fma(a, b, c); }
+C10_HOST_DEVICE inline double fma_rn(double a, double b, double c) { return std::fma(a, b, c); }
+#endif
+
 // Per-tensor coefficients of one ASGD step, in the compute type of the tensor.
 // They are derived from the *previous* eta and mu, exactly as
 // torch.optim.ASGD does (the step uses the old eta/mu, then recomputes both).
@@ -46,7 +82,7 @@ C10_HOST_DEVICE inline ASGDCoeffs<T> make_asgd_coeffs(
   c.unscale = unscale;
   c.has_weight_decay = weight_decay != 0.0;
   c.weight_decay = static_cast<T>(maximize ? -weight_decay : weight_decay);
-  c.decay = static_cast<T>(1.0 - lambd * eta);
+  c.decay = static_cast<T>(sub(1.0, mul(lambd, eta)));
   c.step_size = static_cast<T>(maximize ? eta : -eta);
   c.mu = static_cast<T>(mu);
   c.average = mu != 1.0;
@@ -57,28 +93,41 @@ C10_HOST_DEVICE inline ASGDCoeffs<T> make_asgd_coeffs(
 struct SeparateMulAdd {
   template <typename V>
   C10_HOST_DEVICE V operator()(const V& a, const V& b, const V& c) const {
-    return a * b + c;
+    return add(mul(a, b), c);
+  }
+};
+
+// a * b + c, rounded once: what torch's CUDA kernels compute for
+// `x.add(y, alpha=s)` (their AddFunctor's `a + b * alpha`, which nvcc
+// contracts into one FMA). The CUDA kernels pass it, and so the host runner
+// that executes their bodies.
+struct FusedMulAdd {
+  template <typename T>
+  C10_HOST_DEVICE T operator()(T a, T b, T c) const {
+    return fma_rn(a, b, c);
   }
 };
 
 // One ASGD update of one element (or one vector of elements), in place.
 // Same order of operations as torch.optim.ASGD's for-loop path. `madd`
-// computes a * b + c where torch computes `x.add(y, alpha=s)`: the CPU
-// launchers pass a fused multiply-add when the ISA has one, because torch's
-// own CPU add kernel then uses vec::fmadd; that keeps fp32 results within
-// an ulp or so of torch's, step after step.
+// computes a * b + c where torch computes `x.add(y, alpha=s)`, the only
+// places torch's kernels fuse: the CPU launchers pass a fused multiply-add
+// when the ISA has one (torch's own CPU add kernel then uses vec::fmadd), the
+// CUDA kernels always pass FusedMulAdd (torch's CUDA add kernel is one FMA).
+// Everything else is rounded op by op, as torch's one-kernel-per-op for-loop
+// path rounds it, so fp32/fp64 results equal torch's bit for bit.
 template <typename V, typename C, typename MulAdd = SeparateMulAdd>
 C10_HOST_DEVICE inline void asgd_update(V& p, V& ax, V g, const C& c, MulAdd madd = {}) {
   if (c.unscale) {
-    g = g * c.inv_scale;                // GradScaler.unscale_: grad * inv_scale
+    g = mul(g, c.inv_scale);            // GradScaler.unscale_: grad * inv_scale
   }
   if (c.has_weight_decay) {
     g = madd(p, c.weight_decay, g);     // grad.add(param, alpha=weight_decay)
   }
-  p = p * c.decay;                      // param.mul_(1 - lambd * eta)
+  p = mul(p, c.decay);                  // param.mul_(1 - lambd * eta)
   p = madd(g, c.step_size, p);          // param.add_(grad, alpha=-eta)
   if (c.average) {
-    ax = ax + (p - ax) * c.mu;          // ax.add_(param.sub(ax).mul_(mu))
+    ax = add(ax, mul(sub(p, ax), c.mu));  // ax.add_(param.sub(ax).mul_(mu))
   } else {
     ax = p;                             // ax.copy_(param) when mu == 1
   }
@@ -89,11 +138,11 @@ C10_HOST_DEVICE inline void asgd_update(V& p, V& ax, V g, const C& c, MulAdd mad
 // rounded once when stored into the float32 state tensors.
 C10_HOST_DEVICE inline double asgd_eta(double lr, double lambd, double alpha,
                                        double step) {
-  return lr / ::pow(1.0 + lambd * lr * step, alpha);
+  return lr / ::pow(add(1.0, mul(mul(lambd, lr), step)), alpha);
 }
 
 C10_HOST_DEVICE inline double asgd_mu(double t0, double step) {
-  const double d = step - t0;
+  const double d = sub(step, t0);
   return 1.0 / (d > 1.0 ? d : 1.0);
 }
 
@@ -102,7 +151,7 @@ C10_HOST_DEVICE inline double asgd_mu(double t0, double step) {
 // True when x is inf or NaN (works for float and double).
 template <typename T>
 C10_HOST_DEVICE inline bool non_finite(T x) {
-  return !(x - x == x - x);  // NaN for inf and NaN, 0 otherwise
+  return !(sub(x, x) == sub(x, x));  // NaN for inf and NaN, 0 otherwise
 }
 
 // State of the dynamic loss scale. growth_tracker counts consecutive
@@ -131,7 +180,7 @@ C10_HOST_DEVICE inline ScaleUpdate update_scale(
     r.hysteresis_tracker = hysteresis_tracker - 1;
     if (r.hysteresis_tracker <= 0) {
       r.hysteresis_tracker = 0;
-      float s = static_cast<float>(static_cast<double>(scale) * backoff_factor);
+      float s = static_cast<float>(mul(static_cast<double>(scale), backoff_factor));
       if (static_cast<double>(s) < min_scale) {
         s = static_cast<float>(min_scale);
       }
@@ -140,7 +189,7 @@ C10_HOST_DEVICE inline ScaleUpdate update_scale(
   } else {
     const int32_t successful = growth_tracker + 1;
     if (successful >= growth_interval) {
-      float s = static_cast<float>(static_cast<double>(scale) * growth_factor);
+      float s = static_cast<float>(mul(static_cast<double>(scale), growth_factor));
       if (static_cast<double>(s) > max_scale) {
         s = static_cast<float>(max_scale);
       }

@@ -34,7 +34,7 @@ struct TORCHEXT_API ASGDOptions
     : public torch::optim::OptimizerCloneableOptions<ASGDOptions> {
   /* implicit */ ASGDOptions(double lr = 1e-2);
   // A 0-d (1-element) floating tensor lr, as Python's tensor lr: the fused op
-  // (asgd_.tensor_lr) reads it on the device, so a schedule that changes it
+  // reads it on the device, so a schedule that changes it
   // in place (lr.fill_(x), lr.mul_(g)) needs no host sync and no new graph.
   explicit ASGDOptions(torch::Tensor lr);
   // A float lr (drops a tensor lr). lr() is the float lr; with a tensor lr

@@ -1,0 +1,176 @@
+// The AMP ops on an accelerator (check_finite_, unscale_, update_scale_):
+// kernel bodies (C10_HOST_DEVICE) and the host-side plan, a template over
+// the executor like asgd.h (csrc/cuda/amp_cuda.cu, host_runner.h).
+#pragma once
+
+#include "../amp_args.h"
+#include "../cpu_scalars.h"
+#include "../prefetch.h"
+#include "../dense_views.h"
+#include "multi_tensor_apply.h"
+#include "torchext/elementwise_math.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+
+#include <algorithm>
+#include <iterator>
+#include <limits>
+#include <utility>
+#include <vector>
+
+namespace torchext {
+namespace kernels {
+
+using ScanMeta = TensorListMeta<1, 110>;
+
+// inv_scale == nullptr: only check. Otherwise multiply by *inv_scale too
+// (unless it is exactly 1, as torch does). found_inf is set to 1 by any
+// thread that saw an inf or NaN: every writer stores the same value.
+template <typename scalar_t>
+struct ScanBody {
+  static constexpr const char* kName = "scan";
+  C10_HOST_DEVICE void operator()(const ThreadCtx& ctx, const ScanMeta& meta, float* found_inf,
+                                  const float* inv_scale) const {
+    using opmath_t = at::opmath_type<scalar_t>;
+    const BlockChunk bc = block_chunk(meta, ctx.block);
+    if (bc.n <= 0) return;
+    const opmath_t inv = inv_scale != nullptr ? static_cast<opmath_t>(*inv_scale) : opmath_t(1);
+    const bool write = inv_scale != nullptr && inv != opmath_t(1);
+    scalar_t* const ptrs[1] = {static_cast<scalar_t*>(meta.ptrs[0][bc.slot]) + bc.begin};
+    bool bad = false;
+    chunk_loop(ctx, ptrs, bc.n, write ? 1 : 0, [&](scalar_t (&r)[1][kILP]) {
+      TORCHEXT_UNROLL
+      for (int ii = 0; ii < kILP; ++ii) {
+        const opmath_t v = static_cast<opmath_t>(r[0][ii]);
+        bad = bad || math::non_finite(v);
+        if (write) r[0][ii] = static_cast<scalar_t>(math::mul(v, inv));
+      }
+    });
+    if (bad) *found_inf = 1.f;
+  }
+  static int64_t work(unsigned nblocks, unsigned, const ScanMeta& meta, float*, const float*) {
+    return elements_in_launch(meta, nblocks);
+  }
+};
+
+// Checks (and with inv_scale, unscales) every tensor. Dense tensors are
+// walked in place as flat real memory (a check or a multiply by a real scalar
+// does not care about element order, nor about complex pairs); only tensors
+// that are not dense go through temporaries (written back when unscaling).
+template <typename Exec>
+void scan_launch(at::TensorList tensors, const at::Tensor& found_inf, const float* inv_scale,
+                 Exec& exec) {
+  if (tensors.empty()) return;
+  exec.enter(found_inf.device());
+  const LaunchLimits limits = exec.limits();
+  std::vector<std::pair<at::ScalarType, std::vector<TensorEntry<1>>>> groups;
+  std::vector<DenseOne> copies;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (i + kPrefetchImpl < tensors.size()) {
+      prefetch_impl(tensors[i + kPrefetchImpl].unsafeGetTensorImpl());
+    }
+    if (i + kPrefetchStorage < tensors.size()) {
+      prefetch_storage(tensors[i + kPrefetchStorage].unsafeGetTensorImpl());
+    }
+    const at::Tensor& t = tensors[i];
+    if (t.numel() == 0) continue;
+    void* ptr;
+    int64_t numel = t.numel();
+    at::ScalarType dtype = t.scalar_type();
+    // (A lazily conjugated tensor goes the CPU kernel's way: view_as_real refuses it.)
+    if (t.is_non_overlapping_and_dense() && !t.is_conj()) {
+      // Read-only scans (inv_scale == nullptr) never write through it.
+      ptr = inv_scale != nullptr ? t.data_ptr() : const_cast<void*>(t.const_data_ptr());
+      if (at::isComplexType(dtype)) {
+        dtype = c10::toRealValueType(dtype);
+        numel *= 2;
+      }
+    } else {
+      DenseOne& d = copies.emplace_back(make_dense_one(t));
+      ptr = d.t.data_ptr();
+      dtype = d.t.scalar_type();
+      numel = d.t.numel();
+    }
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& grp) { return grp.first == dtype; });
+    if (it == groups.end()) {
+      groups.emplace_back(dtype, std::vector<TensorEntry<1>>{});
+      it = std::prev(groups.end());
+      it->second.reserve(tensors.size());
+    }
+    it->second.push_back({{ptr}, numel});
+  }
+  float* found = found_inf.data_ptr<float>();
+  for (auto& [dtype, entries] : groups) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "scan_launch", [&] {
+      multi_tensor_apply<ScanMeta, Exec::kPlantedBug>(
+          entries, limits, EmptyTensors::kSkip, [&](const ScanMeta& meta, int nblocks) {
+            exec.template launch<ScanBody<scalar_t>>(static_cast<unsigned>(nblocks),
+                                                     limits.block_size, meta, found, inv_scale);
+          });
+    });
+  }
+  if (inv_scale != nullptr) {
+    for (auto& d : copies) d.write_back();
+  }
+}
+
+template <typename Exec>
+void check_finite_launch(at::TensorList tensors, const at::Tensor& found_inf, Exec& exec) {
+  check_amp_tensors("check_finite_", tensors, found_inf);
+  scan_launch(tensors, found_inf, nullptr, exec);
+}
+
+template <typename Exec>
+void unscale_launch(at::TensorList tensors, const at::Tensor& found_inf,
+                    const at::Tensor& inv_scale, Exec& exec) {
+  check_unscale_args(tensors, found_inf, inv_scale);
+  scan_launch(tensors, found_inf, inv_scale.const_data_ptr<float>(), exec);
+}
+
+struct UpdateScaleArgs {
+  double growth_factor, backoff_factor, min_scale, max_scale;
+  int64_t growth_interval, hysteresis;
+};
+
+// One thread.
+struct UpdateScaleBody {
+  static constexpr const char* kName = "update_scale";
+  C10_HOST_DEVICE void operator()(const ThreadCtx& ctx, float* scale, int32_t* growth_tracker,
+                                  int32_t* hysteresis_tracker, const float* found_inf,
+                                  const UpdateScaleArgs& a) const {
+    if (ctx.block != 0 || ctx.thread != 0) return;
+    const auto r = math::update_scale(*scale, *growth_tracker, *hysteresis_tracker,
+                                      *found_inf != 0.f, a.growth_factor, a.backoff_factor,
+                                      a.growth_interval, a.hysteresis, a.min_scale, a.max_scale);
+    *scale = r.scale;
+    *growth_tracker = r.growth_tracker;
+    *hysteresis_tracker = r.hysteresis_tracker;
+  }
+  static int64_t work(unsigned, unsigned, float*, int32_t*, int32_t*, const float*,
+                      const UpdateScaleArgs&) {
+    return 1;
+  }
+};
+
+template <typename Exec>
+void update_scale_launch(const at::Tensor& scale, const at::Tensor& growth_tracker,
+                         const at::Tensor& hysteresis_tracker, const at::Tensor& found_inf,
+                         double growth_factor, double backoff_factor, int64_t growth_interval,
+                         int64_t hysteresis, std::optional<double> min_scale,
+                         std::optional<double> max_scale, Exec& exec) {
+  check_update_scale_args(scale, growth_tracker, hysteresis_tracker, found_inf, growth_factor,
+                          backoff_factor, growth_interval, hysteresis, min_scale, max_scale);
+  exec.enter(scale.device());
+  const UpdateScaleArgs a{growth_factor, backoff_factor, min_scale.value_or(0.0),
+                          max_scale.value_or(std::numeric_limits<double>::infinity()),
+                          growth_interval, hysteresis};
+  exec.template launch<UpdateScaleBody>(1, 1, scale.data_ptr<float>(),
+                                        growth_tracker.data_ptr<int32_t>(),
+                                        hysteresis_tracker.data_ptr<int32_t>(),
+                                        found_inf.const_data_ptr<float>(), a);
+}
+
+}  // namespace kernels
+}  // namespace torchext

@@ -1,0 +1,287 @@
+// torchext::asgd_ on an accelerator: the kernel bodies (C10_HOST_DEVICE) and
+// the host-side plan that launches them through an executor: the CUDA
+// executor (csrc/cuda/asgd_cuda.cu) or the host runner (host_runner.h),
+// which runs the very same launches on the CPU.
+//
+// Launches, on one stream, in this order:
+//   1. the elementwise update, one multi-tensor-apply series per dtype: every
+//      block reads its tensor's old eta and mu; the block of chunk 0 also
+//      writes the tensor's (step, eta, mu) pointers into the schedule table;
+//   2. the schedule (step += 1, then eta and mu from the new step), one
+//      launch for any number of tensors: over the table, or, for packed state
+//      where every entry steps, over the three packed arrays directly.
+// The schedule comes after every elementwise block, so no chunk ever reads
+// an eta/mu another chunk already advanced.
+#pragma once
+
+#include "../asgd_args.h"
+#include "../cpu_scalars.h"
+#include "../dense_views.h"
+#include "multi_tensor_apply.h"
+#include "torchext/elementwise_math.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+
+#include <algorithm>
+#include <iterator>
+#include <utility>
+#include <vector>
+
+namespace torchext {
+namespace kernels {
+
+// Pointer slots of the elementwise launch: p and ax are walked and stored, g
+// is walked; eta, mu and step are per-tensor.
+enum ASGDSlot { kP = 0, kAx = 1, kG = 2, kEta = 3, kMu = 4, kStep = 5 };
+using ASGDMeta = TensorListMeta<6, 36>;
+
+struct ASGDKernelArgs {
+  const float* found_inf;   // nullptr: never skip
+  const float* grad_scale;  // nullptr: grads are not scaled
+  void** schedule_table;    // nullptr: no table (packed state, every entry steps)
+  double lambd;
+  double weight_decay;
+  bool maximize;
+  bool state_is_double;
+};
+static_assert(sizeof(ASGDMeta) + sizeof(ASGDKernelArgs) <= kMaxKernelArgBytes,
+              "asgd_ kernel arguments too large");
+
+template <typename scalar_t>
+struct ASGDElementwise {
+  static constexpr const char* kName = "asgd_ update";
+  C10_HOST_DEVICE void operator()(const ThreadCtx& ctx, const ASGDMeta& meta,
+                                  const ASGDKernelArgs& args) const {
+    if (args.found_inf != nullptr && *args.found_inf != 0.f) return;
+    const BlockChunk bc = block_chunk(meta, ctx.block);
+    if (bc.first && ctx.thread == 0 && args.schedule_table != nullptr) {
+      void** row = args.schedule_table + 3 * static_cast<int64_t>(meta.tag[bc.slot]);
+      row[0] = meta.ptrs[kStep][bc.slot];
+      row[1] = meta.ptrs[kEta][bc.slot];
+      row[2] = meta.ptrs[kMu][bc.slot];
+    }
+    if (bc.n <= 0) return;
+    using opmath_t = at::opmath_type<scalar_t>;
+    const bool unscale = args.grad_scale != nullptr;
+    // Same float32 reciprocal as GradScaler.unscale_.
+    const float inv_scale =
+        unscale ? static_cast<float>(1.0 / static_cast<double>(*args.grad_scale)) : 1.f;
+    const auto c = math::make_asgd_coeffs<opmath_t>(
+        load_scalar(meta.ptrs[kEta][bc.slot], args.state_is_double),
+        load_scalar(meta.ptrs[kMu][bc.slot], args.state_is_double), args.lambd,
+        args.weight_decay, args.maximize, unscale, inv_scale);
+    scalar_t* const ptrs[3] = {static_cast<scalar_t*>(meta.ptrs[kP][bc.slot]) + bc.begin,
+                               static_cast<scalar_t*>(meta.ptrs[kAx][bc.slot]) + bc.begin,
+                               static_cast<scalar_t*>(meta.ptrs[kG][bc.slot]) + bc.begin};
+    chunk_loop(ctx, ptrs, bc.n, /*nstore=*/2, [&](scalar_t (&r)[3][kILP]) {
+      TORCHEXT_UNROLL
+      for (int ii = 0; ii < kILP; ++ii) {
+        opmath_t p = static_cast<opmath_t>(r[0][ii]);
+        opmath_t ax = static_cast<opmath_t>(r[1][ii]);
+        math::asgd_update(p, ax, static_cast<opmath_t>(r[2][ii]), c, math::FusedMulAdd{});
+        r[0][ii] = static_cast<scalar_t>(p);
+        r[1][ii] = static_cast<scalar_t>(ax);
+      }
+    });
+  }
+  static int64_t work(unsigned nblocks, unsigned, const ASGDMeta& meta, const ASGDKernelArgs&) {
+    return elements_in_launch(meta, nblocks);
+  }
+};
+
+struct ScheduleArgs {
+  const float* found_inf;
+  const void* lr_ptr;  // lr in device memory, or nullptr to use lr_value
+  bool lr_is_double;
+  double lr_value;
+  double lambd, alpha, t0;
+  bool state_is_double;
+};
+
+// step += 1, then eta and mu from the new step, for one tensor.
+C10_HOST_DEVICE inline void schedule_one(void* step_p, void* eta_p, void* mu_p,
+                                         const ScheduleArgs& a) {
+  const double lr = a.lr_ptr != nullptr ? load_scalar(a.lr_ptr, a.lr_is_double) : a.lr_value;
+  const double step = math::add(load_scalar(step_p, a.state_is_double), 1.0);
+  store_scalar(step_p, a.state_is_double, step);
+  store_scalar(eta_p, a.state_is_double, math::asgd_eta(lr, a.lambd, a.alpha, step));
+  store_scalar(mu_p, a.state_is_double, math::asgd_mu(a.t0, step));
+}
+
+constexpr unsigned kScheduleThreads = 256;
+
+// The schedule over the table rows the elementwise blocks wrote: one thread
+// per row (step, eta, mu pointers).
+struct ASGDScheduleTable {
+  static constexpr const char* kName = "asgd_ schedule (table)";
+  C10_HOST_DEVICE void operator()(const ThreadCtx& ctx, void* const* table, int64_t n,
+                                  const ScheduleArgs& args) const {
+    const int64_t i = static_cast<int64_t>(ctx.block) * ctx.nthreads + ctx.thread;
+    if (i >= n) return;
+    if (args.found_inf != nullptr && *args.found_inf != 0.f) return;
+    schedule_one(table[3 * i], table[3 * i + 1], table[3 * i + 2], args);
+  }
+  static int64_t work(unsigned, unsigned, void* const*, int64_t n, const ScheduleArgs&) {
+    return n;
+  }
+};
+
+// The schedule over packed state (asgd_.packed): element i of each array.
+struct ASGDSchedulePacked {
+  static constexpr const char* kName = "asgd_ schedule (packed)";
+  C10_HOST_DEVICE void operator()(const ThreadCtx& ctx, void* steps, void* etas, void* mus,
+                                  int64_t n, const ScheduleArgs& args) const {
+    const int64_t i = static_cast<int64_t>(ctx.block) * ctx.nthreads + ctx.thread;
+    if (i >= n) return;
+    if (args.found_inf != nullptr && *args.found_inf != 0.f) return;
+    const int64_t off = i * (args.state_is_double ? sizeof(double) : sizeof(float));
+    schedule_one(static_cast<char*>(steps) + off, static_cast<char*>(etas) + off,
+                 static_cast<char*>(mus) + off, args);
+  }
+  static int64_t work(unsigned, unsigned, void*, void*, void*, int64_t n, const ScheduleArgs&) {
+    return n;
+  }
+};
+
+// ---- host side ------------------------------------------------------------
+
+// Entry i takes no part in the step (nothing of it is read or written, its
+// schedule does not advance) when it has no grad.
+struct SkipWithoutGrad {
+  bool operator()(const ASGDArgs& a, size_t i) const { return !a.active(i); }
+};
+
+// The schedule's lr, the one place that reads ASGDArgs' lr: a value the host
+// reads where that costs no device sync, else a pointer the kernel loads.
+struct ScheduleLr {
+  at::Tensor keep;  // a converted lr tensor, alive until the launch is queued
+  const void* ptr = nullptr;
+  bool is_double = false;
+  double value = 0.0;
+};
+
+template <typename Exec>
+ScheduleLr schedule_lr(const ASGDArgs& a, const Exec& exec) {
+  ScheduleLr lr;
+  if (exec.kernel_reads(a.lr)) {
+    const at::Tensor& t = a.lr;
+    lr.keep = t.scalar_type() == at::kDouble ? t : t.to(at::kFloat);
+    lr.ptr = lr.keep.const_data_ptr();
+    lr.is_double = lr.keep.scalar_type() == at::kDouble;
+  } else {
+    lr.value = a.lr_on_host();
+  }
+  return lr;
+}
+
+// asgd_ through `exec`. Each entry is checked in the same pass that reads its
+// pointers (see check_asgd_args); nothing is launched or written before the
+// last one was (DenseTriple only makes temporaries).
+template <typename Exec, typename Skip = SkipWithoutGrad>
+void asgd_launch(const ASGDArgs& a, Exec& exec, const Skip& skip = {}) {
+  const auto call = check_asgd_header(a);
+  if (!call) return;  // no param has a grad
+  const size_t n = a.params.size();
+  const c10::Device device = call->device;
+  const at::ScalarType state_dtype = call->state_dtype;
+  exec.enter(device);
+  const LaunchLimits limits = exec.limits();
+
+  ASGDKernelArgs kargs{};
+  kargs.found_inf = a.found_inf ? a.found_inf->const_data_ptr<float>() : nullptr;
+  kargs.grad_scale = a.grad_scale ? a.grad_scale->const_data_ptr<float>() : nullptr;
+  kargs.lambd = a.lambd;
+  kargs.weight_decay = a.weight_decay;
+  kargs.maximize = a.maximize;
+  kargs.state_is_double = state_dtype == at::kDouble;
+
+  // Entries grouped by (real) dtype: one launch series per group. Few dtypes
+  // ever occur, so a linear search beats a map. Tensors that can be walked
+  // as flat memory are used in place; the others go through DenseTriple
+  // temporaries, written back after the launches.
+  std::vector<std::pair<at::ScalarType, std::vector<TensorEntry<6>>>> groups;
+  std::vector<DenseTriple> copies;
+  int32_t nsteps = 0;  // entries that step (their schedule-table rows)
+  for (size_t i = 0; i < n; ++i) {
+    prefetch_asgd_ahead(a, i);
+    if (skip(a, i)) continue;
+    check_asgd_entry(a, i, device, state_dtype);
+    const at::Tensor& p = a.params[i];
+    const at::Tensor& g = a.grads[i];
+    const at::Tensor& ax = a.axs[i];
+    TensorEntry<6> e{{nullptr, nullptr, nullptr, a.eta_ptr(i), a.mu_ptr(i), a.step_ptr(i)},
+                     p.numel(), nsteps++};
+    at::ScalarType dtype = p.scalar_type();
+    if (is_flat_triple(p, g, ax)) {
+      e.ptrs[kP] = p.data_ptr();
+      e.ptrs[kG] = const_cast<void*>(g.const_data_ptr());
+      e.ptrs[kAx] = ax.data_ptr();
+      if (at::isComplexType(dtype)) {  // complex as interleaved real pairs
+        dtype = c10::toRealValueType(dtype);
+        e.numel *= 2;
+      }
+    } else {
+      DenseTriple& d = copies.emplace_back(make_dense_triple(p, g, ax));
+      e.ptrs[kP] = d.p.data_ptr();
+      e.ptrs[kG] = const_cast<void*>(d.g.const_data_ptr());
+      e.ptrs[kAx] = d.ax.data_ptr();
+      dtype = d.p.scalar_type();
+      e.numel = d.p.numel();
+    }
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& grp) { return grp.first == dtype; });
+    if (it == groups.end()) {
+      groups.emplace_back(dtype, std::vector<TensorEntry<6>>{});
+      it = std::prev(groups.end());
+      it->second.reserve(n);
+    }
+    it->second.push_back(e);
+  }
+  if (nsteps == 0) return;
+
+  // Packed state where every entry steps: the schedule walks the arrays.
+  // Otherwise it walks the table rows the elementwise blocks write (each
+  // entry then gets a block even when it has no elements).
+  const bool packed_direct = a.packed() && static_cast<size_t>(nsteps) == n;
+  at::Tensor table;
+  if (!packed_direct) {
+    table = exec.pointer_table(3 * static_cast<int64_t>(nsteps));
+    kargs.schedule_table = static_cast<void**>(table.data_ptr());
+  }
+  const EmptyTensors empty = packed_direct ? EmptyTensors::kSkip : EmptyTensors::kOneBlock;
+  for (auto& [dtype, entries] : groups) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "asgd_launch", [&] {
+      multi_tensor_apply<ASGDMeta, Exec::kPlantedBug>(
+          entries, limits, empty, [&](const ASGDMeta& meta, int nblocks) {
+            exec.template launch<ASGDElementwise<scalar_t>>(static_cast<unsigned>(nblocks),
+                                                            limits.block_size, meta, kargs);
+          });
+    });
+  }
+  for (auto& d : copies) d.write_back();
+
+  ScheduleArgs sargs{};
+  sargs.found_inf = kargs.found_inf;
+  sargs.lambd = a.lambd;
+  sargs.alpha = a.alpha;
+  sargs.t0 = a.t0;
+  sargs.state_is_double = kargs.state_is_double;
+  const ScheduleLr lr = schedule_lr(a, exec);
+  sargs.lr_ptr = lr.ptr;
+  sargs.lr_is_double = lr.is_double;
+  sargs.lr_value = lr.value;
+  const unsigned blocks = blocks_for(nsteps, kScheduleThreads);
+  if (packed_direct) {
+    exec.template launch<ASGDSchedulePacked>(blocks, kScheduleThreads, a.step_ptr(0),
+                                             a.eta_ptr(0), a.mu_ptr(0),
+                                             static_cast<int64_t>(nsteps), sargs);
+  } else {
+    exec.template launch<ASGDScheduleTable>(blocks, kScheduleThreads,
+                                            static_cast<void* const*>(kargs.schedule_table),
+                                            static_cast<int64_t>(nsteps), sargs);
+  }
+}
+
+}  // namespace kernels
+}  // namespace torchext

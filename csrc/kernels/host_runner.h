@@ -1,0 +1,120 @@
+// The host runner: an executor for the launch plans of asgd.h, amp.h and
+// swap.h that runs every launch on the CPU, calling the kernel body for
+// every block and every thread the launch has, with host memory standing in
+// for device memory. It needs no CUDA toolkit. CUDA guarantees no order
+// among blocks (nor among the threads of a block), so the runner takes one:
+// forward, reverse, or shuffled. The tests (cpp_tests/test_cuda_on_host.cpp)
+// compare its results bit for bit with the CPU kernels.
+//
+// What it proves: the planner (batching, continuation, slots, tags), the
+// entry building and dtype grouping, every body's indexing, vector/scalar
+// paths, loads and stores, dtype dispatch, and the launch sequence. What it
+// cannot: the device memory model and races, streams, graph capture,
+// occupancy and speed, and device math libraries (pow in the schedule).
+#pragma once
+
+#include "multi_tensor_apply.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <numeric>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace torchext {
+namespace kernels {
+
+enum class BlockOrder { kForward, kReverse, kShuffled };
+
+struct RunCounts {
+  int64_t launches = 0, blocks = 0, threads = 0, elements = 0;
+};
+
+template <PlantedBug Bug = PlantedBug::kNone>
+class HostRunner {
+ public:
+  static constexpr PlantedBug kPlantedBug = Bug;
+
+  struct Options {
+    LaunchLimits limits{};
+    BlockOrder order = BlockOrder::kForward;
+    uint64_t seed = 0;
+    // Treat a CPU lr tensor as device memory (the schedule kernel then loads
+    // it through its pointer, as for a CUDA lr tensor).
+    bool lr_in_device_memory = false;
+  };
+
+  HostRunner() = default;
+  explicit HostRunner(const Options& o) : opt_(o), rng_(o.seed) {}
+
+  // ---- the executor interface (see CudaExecutor) ----
+  void enter(const c10::Device&) {}
+  const LaunchLimits& limits() const { return opt_.limits; }
+  bool kernel_reads(const at::Tensor& t) const {
+    return opt_.lr_in_device_memory || !t.device().is_cpu();
+  }
+  // Scratch for `count` pointers. The real one is uninitialized device
+  // memory; here each pointer points at a private sink, so a row a buggy
+  // plan never writes shows up as a missing update instead of a crash.
+  at::Tensor pointer_table(int64_t count) {
+    at::Tensor t = at::empty({count}, at::kLong);
+    std::fill_n(static_cast<void**>(t.data_ptr()), count, static_cast<void*>(sink_));
+    return t;
+  }
+  template <typename Body, typename... Args>
+  void launch(unsigned blocks, unsigned threads, const Args&... args) {
+    static_assert(sizeof(std::tuple<Args...>) <= kMaxKernelArgBytes, "kernel arguments too large");
+    // What CUDA would refuse at launch.
+    TORCH_CHECK(blocks >= 1 && blocks <= INT32_MAX, "host runner: ", Body::kName,
+                " launched with ", blocks, " blocks");
+    TORCH_CHECK(threads >= 1 && threads <= 1024, "host runner: ", Body::kName,
+                " launched with ", threads, " threads per block");
+    // Kernel arguments are copies.
+    const std::tuple<Args...> params(args...);
+    std::vector<unsigned> block_ids(blocks), thread_ids(threads);
+    std::iota(block_ids.begin(), block_ids.end(), 0u);
+    std::iota(thread_ids.begin(), thread_ids.end(), 0u);
+    if (opt_.order == BlockOrder::kReverse) {
+      std::reverse(block_ids.begin(), block_ids.end());
+      std::reverse(thread_ids.begin(), thread_ids.end());
+    } else if (opt_.order == BlockOrder::kShuffled) {
+      std::shuffle(block_ids.begin(), block_ids.end(), rng_);
+    }
+    const Body body{};
+    for (const unsigned b : block_ids) {
+      if (opt_.order == BlockOrder::kShuffled) {
+        std::shuffle(thread_ids.begin(), thread_ids.end(), rng_);
+      }
+      for (const unsigned t : thread_ids) {
+        std::apply([&](const auto&... a) { body(ThreadCtx{b, t, threads}, a...); }, params);
+      }
+    }
+    RunCounts& c = counts_[op_ + Body::kName];
+    ++c.launches;
+    c.blocks += blocks;
+    c.threads += static_cast<int64_t>(blocks) * threads;
+    c.elements += std::apply([&](const auto&... a) { return Body::work(blocks, threads, a...); },
+                             params);
+  }
+
+  // ---- statistics ----
+  // A label put before the kernel names of the next launches ("unscale_: ").
+  void set_op(std::string op) { op_ = std::move(op); }
+  const std::map<std::string, RunCounts>& counts() const { return counts_; }
+
+ private:
+  Options opt_{};
+  std::mt19937_64 rng_{0};
+  std::string op_;
+  std::map<std::string, RunCounts> counts_;
+  alignas(16) double sink_[4] = {0, 0, 0, 0};
+};
+
+}  // namespace kernels
+}  // namespace torchext

@@ -1,0 +1,269 @@
+// Multi-tensor apply, compiled by the host compiler and by nvcc alike: the
+// launch metadata, the planner that cuts a list of tensors into launches, and
+// the loop every elementwise kernel body runs over its chunk.
+//
+// A kernel body is a stateless struct whose C10_HOST_DEVICE operator() takes
+// a ThreadCtx (block, thread, threads per block) and the launch's arguments.
+// The CUDA kernels (csrc/cuda/launch.cuh) are one generic __global__ wrapper
+// that calls it with blockIdx.x / threadIdx.x / blockDim.x; the host runner
+// (host_runner.h) calls it for every block and thread of the same launches on
+// the CPU. The host-side launch code of each op family (asgd.h, amp.h,
+// swap.h) is a template over the executor, so both run the same plan.
+#pragma once
+
+#include <c10/macros/Macros.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#if defined(__CUDACC__)
+#define TORCHEXT_UNROLL _Pragma("unroll")
+#else
+#define TORCHEXT_UNROLL
+#endif
+
+namespace torchext {
+namespace kernels {
+
+// The production launch shape (torch's multi-tensor apply uses the same).
+constexpr int64_t kChunkSize = 65536;  // elements per block
+constexpr unsigned kBlockSize = 512;   // threads per block
+constexpr int kILP = 4;                // elements per thread per iteration
+constexpr int kMaxBlocks = 320;        // blocks per launch
+// Kernel parameters are limited to 4 KB (before CUDA 12.1 / Volta); every
+// launch's arguments are checked against it at compile time.
+constexpr size_t kMaxKernelArgBytes = 4096;
+
+struct ThreadCtx {
+  unsigned block;     // blockIdx.x
+  unsigned thread;    // threadIdx.x
+  unsigned nthreads;  // blockDim.x
+};
+
+// How the planner cuts lists into launches. The CUDA kernels always use the
+// defaults; the host runner's tests also use small values, so that a handful
+// of small tensors already continue across launches.
+struct LaunchLimits {
+  int64_t chunk_size = kChunkSize;  // a positive multiple of kILP
+  int max_blocks = kMaxBlocks;      // at most kMaxBlocks
+  int max_tensors = 0;              // 0: as many as the metadata holds
+  unsigned block_size = kBlockSize;
+};
+
+// Planner mistakes the host runner's tests plant on purpose, to show that
+// the comparisons catch them. Production code always uses kNone.
+enum class PlantedBug {
+  kNone,
+  kContinuationSkipsChunk,  // a tensor continued in the next launch loses a chunk
+  kWrongSlot,               // the last tensor slot of a full launch points at the one before
+};
+
+// Which tensors a launch covers (slots) and which chunk each block works on.
+// ptrs[k][slot]: the k-th pointer of a slot's tensor; tag[slot]: a per-tensor
+// integer the op defines (asgd_: its row in the schedule table).
+template <int Depth, int MaxTensors>
+struct TensorListMeta {
+  static constexpr int kDepth = Depth;
+  static constexpr int kMaxTensors = MaxTensors;
+  void* ptrs[Depth][MaxTensors];
+  int64_t numel[MaxTensors];
+  int32_t tag[MaxTensors];
+  int64_t chunk_size;
+  uint8_t block_tensor[kMaxBlocks];  // the slot a block works on
+  int32_t block_chunk[kMaxBlocks];   // which chunk of that tensor
+};
+static_assert(sizeof(TensorListMeta<1, 110>) + 64 <= kMaxKernelArgBytes, "launch metadata too large");
+static_assert(sizeof(TensorListMeta<2, 64>) + 64 <= kMaxKernelArgBytes, "launch metadata too large");
+static_assert(sizeof(TensorListMeta<6, 36>) + 128 <= kMaxKernelArgBytes, "launch metadata too large");
+
+// One tensor to process: Depth pointers (which of them a body walks is its
+// own business) and the number of elements.
+template <int Depth>
+struct TensorEntry {
+  std::array<void*, Depth> ptrs;
+  int64_t numel;
+  int32_t tag = 0;
+};
+
+// Whether a tensor without elements still gets a block (one, with nothing to
+// walk): asgd_ needs every entry's block to record its schedule row.
+enum class EmptyTensors { kSkip, kOneBlock };
+
+// Calls launch(meta, nblocks) for each batch of chunks, in order. A launch is
+// full when its blocks are, or when its tensor slots are and the last
+// tensor's last chunk is in; a tensor whose chunks do not all fit continues
+// in the next launch as slot 0, with its chunk numbers going on.
+template <typename Meta, PlantedBug Bug = PlantedBug::kNone, typename Launch>
+void multi_tensor_apply(const std::vector<TensorEntry<Meta::kDepth>>& entries,
+                        const LaunchLimits& limits, EmptyTensors empty, Launch&& launch) {
+  constexpr int Depth = Meta::kDepth;
+  TORCH_CHECK(limits.chunk_size > 0 && limits.chunk_size % kILP == 0,
+              "multi_tensor_apply: chunk size must be a positive multiple of ", kILP);
+  const int max_blocks = std::clamp(limits.max_blocks, 1, kMaxBlocks);
+  const int max_tensors = limits.max_tensors > 0 ? std::min(limits.max_tensors, Meta::kMaxTensors)
+                                                 : Meta::kMaxTensors;
+  Meta meta;
+  meta.chunk_size = limits.chunk_size;
+  int ntensors = 0;
+  int nblocks = 0;
+  for (const auto& entry : entries) {
+    if (entry.numel == 0 && empty == EmptyTensors::kSkip) continue;
+    for (int d = 0; d < Depth; ++d) meta.ptrs[d][ntensors] = entry.ptrs[d];
+    meta.numel[ntensors] = entry.numel;
+    meta.tag[ntensors] = entry.tag;
+    ++ntensors;
+    const int64_t nchunks =
+        std::max<int64_t>(1, (entry.numel + limits.chunk_size - 1) / limits.chunk_size);
+    TORCH_CHECK(nchunks - 1 <= INT32_MAX, "multi_tensor_apply: tensor too large");
+    for (int64_t chunk = 0; chunk < nchunks; ++chunk) {
+      int slot = ntensors - 1;
+      if constexpr (Bug == PlantedBug::kWrongSlot) {
+        if (ntensors == max_tensors && ntensors > 1) slot = ntensors - 2;
+      }
+      meta.block_tensor[nblocks] = static_cast<uint8_t>(slot);
+      meta.block_chunk[nblocks] = static_cast<int32_t>(chunk);
+      ++nblocks;
+      const bool last_chunk = chunk == nchunks - 1;
+      const bool blocks_full = nblocks == max_blocks;
+      const bool tensors_full = ntensors == max_tensors && last_chunk;
+      if (blocks_full || tensors_full) {
+        launch(static_cast<const Meta&>(meta), nblocks);
+        nblocks = 0;
+        if (last_chunk) {
+          ntensors = 0;
+        } else {
+          // The tensor continues in the next launch: it becomes slot 0.
+          for (int d = 0; d < Depth; ++d) meta.ptrs[d][0] = meta.ptrs[d][ntensors - 1];
+          meta.numel[0] = meta.numel[ntensors - 1];
+          meta.tag[0] = meta.tag[ntensors - 1];
+          ntensors = 1;
+          if constexpr (Bug == PlantedBug::kContinuationSkipsChunk) ++chunk;
+        }
+      }
+    }
+  }
+  if (nblocks > 0) launch(static_cast<const Meta&>(meta), nblocks);
+}
+
+// The chunk block `block` works on: its slot, its first element, and how many
+// elements it has (at most the chunk size; 0 for an empty tensor's block).
+struct BlockChunk {
+  int slot;
+  int64_t begin;
+  int64_t n;
+  bool first;  // chunk 0 of its tensor
+};
+
+template <typename Meta>
+C10_HOST_DEVICE inline BlockChunk block_chunk(const Meta& meta, unsigned block) {
+  const int slot = meta.block_tensor[block];
+  const int64_t chunk = meta.block_chunk[block];
+  const int64_t begin = chunk * meta.chunk_size;
+  const int64_t left = meta.numel[slot] - begin;
+  return {slot, begin, left < meta.chunk_size ? left : meta.chunk_size, chunk == 0};
+}
+
+// Elements a multi-tensor launch covers (the host runner's statistics).
+template <typename Meta>
+int64_t elements_in_launch(const Meta& meta, unsigned nblocks) {
+  int64_t total = 0;
+  for (unsigned b = 0; b < nblocks; ++b) total += std::max<int64_t>(0, block_chunk(meta, b).n);
+  return total;
+}
+
+// kILP elements moved by one aligned load or store.
+template <typename T>
+struct alignas(sizeof(T) * kILP) AlignedVector {
+  T val[kILP];
+};
+
+template <typename T>
+C10_HOST_DEVICE inline bool is_aligned(const T* p) {
+  return reinterpret_cast<uintptr_t>(p) % (kILP * sizeof(T)) == 0;
+}
+
+// The loop of every elementwise body, as torch's multi-tensor functors have
+// it. When all N pointers are aligned to kILP elements, each thread moves
+// kILP-element vectors with one aligned load or store per pointer, and the
+// last n % kILP elements go one per thread; otherwise each thread takes kILP
+// elements per iteration, blockDim apart, each load and store bounds-checked
+// (lanes past the end hold T{} and are not stored). fn(r) computes in place
+// on r[k][0..kILP), the values of pointer k; the first nstore pointers are
+// stored back.
+template <int N, typename T, typename Fn>
+C10_HOST_DEVICE inline void chunk_loop(const ThreadCtx& ctx, T* const (&ptrs)[N], int64_t n,
+                                       int nstore, const Fn& fn) {
+  bool aligned = true;
+  TORCHEXT_UNROLL
+  for (int k = 0; k < N; ++k) aligned = aligned && is_aligned(ptrs[k]);
+  int64_t tail = 0;
+  if (aligned) {
+    const int64_t nvec = n / kILP;
+    for (int64_t v = ctx.thread; v < nvec; v += ctx.nthreads) {
+      T r[N][kILP];
+      TORCHEXT_UNROLL
+      for (int k = 0; k < N; ++k) {
+        const AlignedVector<T> x = reinterpret_cast<const AlignedVector<T>*>(ptrs[k])[v];
+        TORCHEXT_UNROLL
+        for (int ii = 0; ii < kILP; ++ii) r[k][ii] = x.val[ii];
+      }
+      fn(r);
+      TORCHEXT_UNROLL
+      for (int k = 0; k < N; ++k) {
+        if (k < nstore) {
+          AlignedVector<T> x;
+          TORCHEXT_UNROLL
+          for (int ii = 0; ii < kILP; ++ii) x.val[ii] = r[k][ii];
+          reinterpret_cast<AlignedVector<T>*>(ptrs[k])[v] = x;
+        }
+      }
+    }
+    tail = nvec * kILP;
+  }
+  const int64_t stride = static_cast<int64_t>(ctx.nthreads) * kILP;
+  for (int64_t base = tail; base < n; base += stride) {
+    T r[N][kILP];
+    TORCHEXT_UNROLL
+    for (int ii = 0; ii < kILP; ++ii) {
+      const int64_t i = base + ctx.thread + static_cast<int64_t>(ii) * ctx.nthreads;
+      TORCHEXT_UNROLL
+      for (int k = 0; k < N; ++k) r[k][ii] = i < n ? ptrs[k][i] : T{};
+    }
+    fn(r);
+    TORCHEXT_UNROLL
+    for (int ii = 0; ii < kILP; ++ii) {
+      const int64_t i = base + ctx.thread + static_cast<int64_t>(ii) * ctx.nthreads;
+      if (i < n) {
+        TORCHEXT_UNROLL
+        for (int k = 0; k < N; ++k) {
+          if (k < nstore) ptrs[k][i] = r[k][ii];
+        }
+      }
+    }
+  }
+}
+
+// A per-tensor scalar stored as float32 or float64.
+C10_HOST_DEVICE inline double load_scalar(const void* p, bool is_double) {
+  return is_double ? *static_cast<const double*>(p) : *static_cast<const float*>(p);
+}
+C10_HOST_DEVICE inline void store_scalar(void* p, bool is_double, double v) {
+  if (is_double) {
+    *static_cast<double*>(p) = v;
+  } else {
+    *static_cast<float*>(p) = static_cast<float>(v);
+  }
+}
+
+// Blocks for n work items at `threads` per block (a launch needs at least one).
+inline unsigned blocks_for(int64_t n, unsigned threads) {
+  const int64_t b = (n + threads - 1) / threads;
+  TORCH_CHECK(b >= 1 && b <= INT32_MAX, "launch: bad block count ", b);
+  return static_cast<unsigned>(b);
+}
+
+}  // namespace kernels
+}  // namespace torchext

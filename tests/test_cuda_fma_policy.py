@@ -1,0 +1,100 @@
+"""The CUDA kernels' FMA policy, checked on the PTX nvcc makes (no GPU needed).
+
+nvcc contracts ``a * b + c`` into one FMA by default (``-fmad=true``), which
+rounds once instead of twice. torchext's kernels must fuse exactly where
+torch's CUDA kernels fuse for the same operations (the ``add`` with alpha:
+``grad.add(param, alpha=wd)`` and ``param.add_(grad, alpha=-eta)``, one FMA
+each) and nowhere else, so their arithmetic is written with explicitly
+rounded operations (``math::mul/add/sub``: ``__fmul_rn`` & co. on the device,
+``math::fma_rn``: ``__fmaf_rn``/``__fma_rn``), which nvcc never contracts.
+
+Check: the PTX of the elementwise kernels is the same with ``-fmad=true``
+(the build's default) and ``-fmad=false``, i.e. nvcc contracted nothing on
+its own; and the fp32 ASGD kernel has its explicit FMAs. A small kernel
+written with plain ``a * b + c`` shows that the comparison does see a
+contraction. The schedule kernels are left out: their ``pow`` is CUDA's own
+(libdevice), compiled as CUDA ships it.
+"""
+import glob
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _nvcc():
+    if torch.version.cuda is None:
+        return None
+    home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    path = os.path.join(home, "bin", "nvcc")
+    return path if os.path.exists(path) else shutil.which("nvcc")
+
+
+NVCC = _nvcc()
+pytestmark = pytest.mark.skipif(NVCC is None, reason="needs nvcc and a CUDA build of torch")
+
+
+def _ptx(source, out, fmad, torch_headers=True):
+    from torch.utils import cpp_extension
+    cmd = [NVCC, "-ptx", source, "-o", out, "-std=c++20", "-O3", "--gpu-architecture=compute_90",
+           f"-fmad={'true' if fmad else 'false'}"]
+    if torch_headers:
+        site = os.path.dirname(os.path.dirname(torch.__file__))
+        # The CUDA wheel's cuSPARSE & co. headers (ATen/cuda includes them).
+        includes = (cpp_extension.include_paths(device_type="cuda")
+                    + [os.path.join(ROOT, "csrc", "include")]
+                    + sorted(glob.glob(os.path.join(site, "nvidia", "cu*", "include"))))
+        cmd += [f"-I{d}" for d in includes] + cpp_extension.COMMON_NVCC_FLAGS
+    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
+    with open(out) as f:
+        text = f.read()
+    # Names of file-internal symbols carry a per-compile hash.
+    return re.sub(r"\d*_INTERNAL_[0-9a-f]+_\d+_\w+?_cu_[0-9a-f]+_\d+", "INTERNAL", text)
+
+
+def _entries(ptx):
+    """{mangled kernel name: its PTX body}."""
+    out = {}
+    for m in re.finditer(r"\.entry (\S+)\((.*?)\n}\n", ptx, re.S):
+        out[m.group(1)] = m.group(2)
+    return out
+
+
+def _compare(source, tmp_path, wanted):
+    fused = _entries(_ptx(source, str(tmp_path / "fmad.ptx"), True))
+    separate = _entries(_ptx(source, str(tmp_path / "nofmad.ptx"), False))
+    names = [n for n in fused if any(w in n for w in wanted)]
+    assert names, f"no kernels matching {wanted} in {source}"
+    return names, fused, separate
+
+
+def test_cuda_kernels_contract_nothing_on_their_own(tmp_path):
+    # One translation unit for both files: nvcc's time goes to torch's headers.
+    source = tmp_path / "kernels.cu"
+    source.write_text("".join(f'#include "{os.path.join(ROOT, "csrc", "cuda", f)}"\n'
+                              for f in ("asgd_cuda.cu", "amp_cuda.cu")))
+    kernels = ["ASGDElementwise", "ScanBody", "UpdateScaleBody"]
+    names, fused, separate = _compare(str(source), tmp_path, kernels)
+    assert len(names) == 4 + 4 + 1, names  # 4 dtypes each, and update_scale
+    for name in names:
+        assert fused[name] == separate[name], f"nvcc contracted a multiply-add in {name}"
+        body = fused[name]
+        # Every floating-point add/sub/mul is explicitly rounded (.rn), so
+        # ptxas cannot contract it either.
+        loose = re.findall(r"\b(?:add|sub|mul)\.f(?:32|64)\b", body)
+        assert not loose, f"{name}: {loose[:3]}"
+    fp32 = [n for n in names if "ASGDElementwiseIfE" in n]
+    assert len(fp32) == 1 and "fma.rn.f32" in fused[fp32[0]]
+
+
+def test_the_comparison_sees_a_contraction(tmp_path):
+    src = tmp_path / "contract.cu"
+    src.write_text("__global__ void muladd(float* o, const float* a, const float* b,"
+                   " const float* c) { int i = threadIdx.x; o[i] = a[i] * b[i] + c[i]; }\n")
+    names, fused, separate = _compare(str(src), tmp_path, ["muladd"])
+    assert "fma.rn.f32" in fused[names[0]] and fused[names[0]] != separate[names[0]]
