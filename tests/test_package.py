@@ -188,3 +188,23 @@ def test_setup_env_rebuilds_on_source_changes(tmp_path):
     stamp.write_text(stamp.read_text().replace("torch=", "torch=0.0.0", 1))  # another torch
     out, calls = setup_env()
     assert calls == 1 and "new torch: clean build" in out and not (tmp_path / "build" / "obj.o").exists()
+
+
+def test_one_list_of_compiler_flags():
+    # cmake/cxx_flags.txt: setup.py and CMakeLists.txt both read it, and
+    # neither spells a flag of it itself.
+    path = os.path.join(SRC, "cmake", "cxx_flags.txt")
+    if not os.path.exists(path):
+        import pytest
+        pytest.skip("no checkout next to the tests")
+    with open(path) as f:
+        flags = [ln.strip() for ln in f if ln.strip() and not ln.lstrip().startswith("#")]
+    assert "-ffp-contract=off" in flags and "-fopenmp" in flags
+    for build in ("setup.py", "CMakeLists.txt"):
+        with open(os.path.join(SRC, build)) as f:
+            text = f.read()
+        assert "cxx_flags.txt" in text, build
+        code = "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("#"))
+        # (-O3 and -std=c++20 are nvcc's flags too, -fopenmp a link flag.)
+        for flag in ("-ffp-contract=off", "-fvisibility=hidden"):
+            assert flag not in code, f"{build} spells {flag} itself"
