@@ -72,8 +72,9 @@ def parse_state_dict(sd: Any) -> dict[str, Any]:
         raise ValueError(f"{where}['_torchext_version'] must be an int >= 0, got {version!r}")
     if version > STATE_DICT_VERSION:
         raise RuntimeError(
-            f"GradScaler state_dict version {version} is newer than this torchext "
-            f"understands ({STATE_DICT_VERSION}); upgrade torchext.")
+            f"{where}['_torchext_version'] is {version}: GradScaler state_dict version "
+            f"{version} is newer than this torchext understands ({STATE_DICT_VERSION}); "
+            f"upgrade torchext.")
     out: dict[str, Any] = {"version": int(version)}
     out["scale"] = _number(sd, "scale", where)
     out["growth_factor"] = _number(sd, "growth_factor", where)
