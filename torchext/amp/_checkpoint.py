@@ -13,8 +13,21 @@ from torch import Tensor
 
 __all__ = ["STATE_DICT_VERSION", "TORCH_KEYS", "check_options", "parse_state_dict"]
 
-#: Version of torchext's extra keys (csrc/api/state_dict.cpp reads the same).
-STATE_DICT_VERSION = 1
+
+def _library_version() -> int:
+    """The version's one home is the C++ library
+    (csrc/include/torchext/amp/state_dict_version.h): read from it, as
+    torchext.cpu_isa() reads the ISA."""
+    import ctypes
+
+    from .. import library_path
+    fn = ctypes.CDLL(library_path).torchext_scaler_state_dict_version
+    fn.restype = ctypes.c_int64
+    return int(fn())
+
+
+#: Version of torchext's extra keys, the C++ GradScaler's too.
+STATE_DICT_VERSION = _library_version()
 #: torch.amp.GradScaler.state_dict()'s keys, first in ours.
 TORCH_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
 
