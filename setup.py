@@ -192,12 +192,16 @@ class build_py(_build_py):
 
 
 with_cuda = want_cuda()
-# -fopenmp: at::parallel_for is a header template that only runs in parallel
-# when the calling file is compiled with OpenMP (torch's own libgomp serves it:
-# it is already loaded, under the same soname, when torch is imported).
-# -ffp-contract=off: fused multiply-adds only where the kernels ask for them
-# (to round like torch's own kernels; see elementwise_math.h).
-cxx_flags = ["-O3", "-std=c++20", "-fvisibility=hidden", "-fopenmp", "-ffp-contract=off"]
+
+
+def read_cxx_flags():
+    """cmake/cxx_flags.txt, the one list of compiler flags (CMakeLists.txt
+    reads it too): one flag per line, '#' comment lines."""
+    with open(os.path.join(ROOT, "cmake", "cxx_flags.txt")) as f:
+        return [line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")]
+
+
+cxx_flags = read_cxx_flags()
 # The library is also linked by C++ programs (torchext.cmake_prefix_path),
 # where no `import torch` has loaded torch's libraries first: let it find
 # them itself, next to it in site-packages or where it was built.

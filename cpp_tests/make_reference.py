@@ -17,7 +17,16 @@ Everything is produced by PyTorch itself at test time (nothing is committed):
   ckpt_*.pt       Python-format checkpoints (checkpoint_reference) that the
                   C++ tests load with torchext::load_state_dict, and the
                   trajectories they must continue; resume_in_python.py checks
-                  what C++ saved back.
+                  what C++ saved back. ckpt_t0pp_*: a run whose group got
+                  t0_per_param from start_averaging.
+  amp_protocol_ref.pt  torchext.amp.GradScaler + torchext.optim.ASGD with
+                  overflows (plain, capturable, unscale_ first): which steps
+                  called step(), the scales, the params and step counts.
+  unfused_ref.pt  torchext.optim.ASGD(fused=False) (reference_asgd and
+                  _create_state) over options, tensor lr, grad_scale/found_inf,
+                  capturable, complex: the C++ unfused step must match bit for bit.
+  corrupt/        tests/checkpoint_corruptions.py's table: each corrupted
+                  state dict (torch.save), the good ones, and index.txt.
 Files are torch.save'd dicts of tensors; C++ reads them with torch::pickle_load.
 """
 from __future__ import annotations
@@ -35,6 +44,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(HERE)
 if glob.glob(os.path.join(_ROOT, "torchext", "_C*.so")):
     sys.path.insert(0, _ROOT)  # a source tree built in place: use it
+sys.path.insert(0, os.path.join(_ROOT, "tests"))  # checkpoint_corruptions
 import torchext  # noqa: E402,F401  (registers torch.ops.torchext.*)
 
 STEPS = 100
@@ -363,7 +373,51 @@ def checkpoint_reference(out):
     ref["lr"] = lr.clone()
     torch.save(ref, os.path.join(out, "tensor_lr_ref.pt"))
 
+    t0_per_param_reference(out)
     scaler_checkpoint_reference(out)
+
+
+# start_averaging() with the params of a group at different step counts:
+# param 1 has no grad at NO_GRAD_STEPS, averaging restarts after
+# AVERAGE_AT steps, so group 0 gets t0_per_param. Python runs [0, PY_STEPS)
+# and saves; C++ continues (and also runs the whole thing itself, its own
+# start_averaging included); resume_in_python.py finishes.
+NO_GRAD_STEPS = (0, 2)
+AVERAGE_AT = 4
+
+
+def t0pp_steps(opt, params, grads, start, stop):
+    for s in range(start, stop):
+        for i, (p, g) in enumerate(zip(params, grads)):
+            p.grad = None if (i == 1 and s in NO_GRAD_STEPS) else g[s].clone()
+        opt.step()
+        if s + 1 == AVERAGE_AT:
+            opt.start_averaging()
+
+
+def t0_per_param_reference(out):
+    from torchext.optim import ASGD as TorchextASGD
+    init, grads = ckpt_problem(torch.float32, seed=24)
+    params = [t.clone().requires_grad_() for t in init]
+    opt = make_asgd(TorchextASGD, params)
+    ref = {f"init{i}": t for i, t in enumerate(init)}
+    ref.update({f"grads{i}": g for i, g in enumerate(grads)})
+    ref.update({"py_steps": torch.tensor(PY_STEPS), "cpp_steps": torch.tensor(CPP_STEPS),
+                "average_at": torch.tensor(AVERAGE_AT),
+                "no_grad_steps": torch.tensor(NO_GRAD_STEPS)})
+    t0pp_steps(opt, params, grads, 0, PY_STEPS)
+    t0s = opt.param_groups[0].get("t0_per_param")
+    assert t0s is not None and len(set(t0s)) > 1, t0s  # what this reference is about
+    assert "t0_per_param" not in opt.param_groups[1]
+    ref["t0_per_param0"] = torch.tensor(t0s, dtype=torch.float64)
+    ref["t0"] = torch.tensor([g["t0"] for g in opt.param_groups], dtype=torch.float64)
+    torch.save(opt.state_dict(), os.path.join(out, "ckpt_t0pp_py.pt"))
+    ref.update({f"py_param{i}": p.detach().clone() for i, p in enumerate(params)})
+    t0pp_steps(opt, params, grads, PY_STEPS, PY_STEPS + CPP_STEPS)
+    ref.update(flat_state(opt, params, "mid_"))
+    t0pp_steps(opt, params, grads, PY_STEPS + CPP_STEPS, CKPT_STEPS)
+    ref.update(flat_state(opt, params, "end_"))
+    torch.save(ref, os.path.join(out, "ckpt_t0pp_ref.pt"))
 
 
 # The scaler: torchext.amp.GradScaler + torchext ASGD, with overflows in the
@@ -402,12 +456,163 @@ def scaler_checkpoint_reference(out):
     torch.save(ref, os.path.join(out, "ckpt_scaler_ref.pt"))
 
 
+# ---- the scaler's fused-step protocol: torchext's scaler + torchext's ASGD ---
+
+PROTOCOL_VARIANTS = ("plain", "capturable", "unscale_first")
+
+
+def amp_protocol_reference(out):
+    """torchext.amp.GradScaler stepping torchext.optim.ASGD through
+    overflows: which steps called step() (capturable=True: all, skipped on
+    the device), what scaler.step returned, the scales, params and state."""
+    from torchext.amp import GradScaler
+    from torchext.optim import ASGD as TorchextASGD
+    w0, xs = scaler_data()
+    ref = {"w0": w0, "xs": xs}
+    for variant in PROTOCOL_VARIANTS:
+        w = w0.clone().requires_grad_()
+        opt = TorchextASGD([w], lr=0.05, lambd=1e-3, t0=4,
+                           capturable=variant == "capturable")
+        calls = []
+        step = opt.step
+        opt.step = lambda *a, **k: (calls.append(len(calls)), step(*a, **k))[1]
+        scaler = GradScaler("cpu", **SCALER_OPTS)
+        called, scales = [], []
+        for s in range(SCALER_STEPS):
+            opt.zero_grad()
+            loss = 0.5 * (w * xs[s]).pow(2).sum()
+            scaler.scale(loss).backward()
+            if variant == "unscale_first":
+                scaler.unscale_(opt)
+            before = len(calls)
+            assert scaler.step(opt) is None  # ASGD.step() returns None (no closure)
+            called.append(len(calls) > before)
+            scaler.update()
+            scales.append(scaler.get_scale())
+        pre = variant + "/"
+        ref[pre + "called"] = torch.tensor(called)
+        ref[pre + "scales"] = torch.tensor(scales, dtype=torch.float64)
+        ref[pre + "w"] = w.detach().clone()
+        for key in ("step", "eta", "mu", "ax"):
+            ref[pre + key] = opt.state[w][key].detach().clone()
+        ref[pre + "skipped"] = torch.tensor(scaler.num_skipped_steps())
+    torch.save(ref, os.path.join(out, "amp_protocol_ref.pt"))
+
+
+# ---- the unfused step and state creation, Python vs C++ ---------------------
+# Each case: torchext.optim.ASGD(fused=False) options, the params' dtype and
+# whether grad_scale/found_inf are set (found_inf at UNFUSED_OVERFLOW steps:
+# step 0 is one, so the state is created and the step skipped).
+UNFUSED_STEPS = 60  # enough that rounding differences of a wrong op order show
+UNFUSED_OVERFLOW = (0, 3, 17)
+UNFUSED_CASES = [
+    ("plain", dict(lr=0.05, lambd=1e-3, alpha=0.75, t0=2.0, weight_decay=0.0), torch.float32,
+     False),
+    ("capturable", dict(lr=0.05, lambd=1e-3, alpha=0.75, t0=2.0, capturable=True),
+     torch.float32, False),
+    ("tensor_lr", dict(lr="tensor", lambd=1e-2, alpha=0.6, t0=1.0), torch.float32, False),
+    ("tensor_lr_capturable", dict(lr="tensor", lambd=1e-2, alpha=0.6, t0=1.0, capturable=True),
+     torch.float32, False),
+    ("amp", dict(lr=0.05, lambd=1e-3, t0=1.0, weight_decay=1e-2), torch.float32, True),
+    ("amp_capturable", dict(lr=0.05, lambd=1e-3, t0=1.0, weight_decay=1e-2, capturable=True),
+     torch.float32, True),
+    ("maximize_weight_decay", dict(lr=0.1, lambd=1e-1, alpha=1.0, t0=0.0, weight_decay=0.1,
+                                   maximize=True), torch.float32, False),
+    ("complex", dict(lr=0.05, lambd=1e-3, t0=2.0, weight_decay=1e-2), torch.complex64, True),
+    ("complex_capturable", dict(lr=0.05, lambd=1e-3, t0=2.0, maximize=True, capturable=True),
+     torch.complex64, True),
+    ("float64", dict(lr=0.05, lambd=1e-3, t0=2.0), torch.float64, True),
+]
+UNFUSED_SHAPES = [(3, 2), (4,)]
+
+
+def unfused_reference(out):
+    from torchext.optim import ASGD as TorchextASGD
+    ref = {"num_cases": torch.tensor(len(UNFUSED_CASES)), "steps": torch.tensor(UNFUSED_STEPS),
+           "overflow_at": torch.tensor(UNFUSED_OVERFLOW)}
+    names = []
+    gen = torch.Generator().manual_seed(41)
+    for c, (name, opts, dtype, amp) in enumerate(UNFUSED_CASES):
+        names.append(name)
+        pre = f"case{c}/"
+        init = [torch.randn(s, generator=gen, dtype=torch.float64).to(dtype)
+                for s in UNFUSED_SHAPES]
+        grads = [torch.randn((UNFUSED_STEPS,) + s, generator=gen, dtype=torch.float64).to(dtype)
+                 for s in UNFUSED_SHAPES]
+        opts = dict(opts)
+        tensor_lr = opts["lr"] == "tensor"
+        if tensor_lr:
+            opts["lr"] = torch.tensor(0.05)  # float32, changed in place after each step
+            ref[pre + "lr_tensor"] = opts["lr"].clone()
+        ref[pre + "tensor_lr"] = torch.tensor(tensor_lr)
+        ref[pre + "lr"] = torch.tensor(float(opts["lr"]), dtype=torch.float64)
+        ref[pre + "options"] = torch.tensor(
+            [opts.get("lambd", 1e-4), opts.get("alpha", 0.75), opts.get("t0", 1e6),
+             opts.get("weight_decay", 0.0), float(opts.get("maximize", False)),
+             float(opts.get("capturable", False))], dtype=torch.float64)
+        ref[pre + "amp"] = torch.tensor(amp)
+        params = [t.clone().requires_grad_() for t in init]
+        opt = TorchextASGD(params, fused=False, **opts)
+        grad_scale = torch.tensor(8.0)
+        for s in range(UNFUSED_STEPS):
+            for p, g in zip(params, grads):
+                p.grad = (g[s] * 8.0 if amp else g[s]).clone()
+            if amp:
+                opt.grad_scale = grad_scale
+                opt.found_inf = torch.tensor(1.0 if s in UNFUSED_OVERFLOW else 0.0)
+            opt.step()
+            if amp:
+                del opt.grad_scale, opt.found_inf
+            if tensor_lr:
+                opts["lr"].mul_(0.9)  # an in-place schedule
+            if s == 0:
+                ref.update(flat_state(opt, params, pre + "after0_"))
+        ref.update({pre + f"init{i}": t for i, t in enumerate(init)})
+        ref.update({pre + f"grads{i}": g for i, g in enumerate(grads)})
+        ref.update(flat_state(opt, params, pre + "final_"))
+    torch.save(ref, os.path.join(out, "unfused_ref.pt"))
+    with open(os.path.join(out, "unfused_cases.txt"), "w") as f:
+        f.write("\n".join(names) + "\n")
+
+
+# ---- corrupted checkpoints (tests/checkpoint_corruptions.py) ---------------
+
+def corrupt_reference(out):
+    """Every case of the table as a torch.save'd file, the good checkpoints,
+    and index.txt: one line per file, "kind<TAB>bad|allowed<TAB>name<TAB>names"
+    (names: the substrings C++'s error must contain, separated by '|')."""
+    import checkpoint_corruptions as cc
+    d = os.path.join(out, "corrupt")
+    os.makedirs(d, exist_ok=True)
+    params, opt = cc.asgd_problem()
+    cc.train_asgd(params, opt, 3)
+    good = {"asgd": copy.deepcopy(opt.state_dict())}
+    scaler = cc.scaler_problem()
+    cc.train_scaler(scaler, 4)
+    good["scaler"] = scaler.state_dict()
+    lines = []
+    for kind, cases, allowed in (("asgd", cc.ASGD_CASES, cc.ASGD_ALLOWED),
+                                 ("scaler", cc.SCALER_CASES, cc.SCALER_ALLOWED)):
+        torch.save(good[kind], os.path.join(d, f"{kind}_good.pt"))
+        for tag, group in (("bad", cases), ("allowed", allowed)):
+            for case in group:
+                torch.save(case.apply(copy.deepcopy(good[kind])),
+                           os.path.join(d, f"{kind}_{case.name}.pt"))
+                names = case.names if case.cpp_names is None else case.cpp_names
+                lines.append(f"{kind}\t{tag}\t{case.name}\t{'|'.join(names)}")
+    with open(os.path.join(d, "index.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def main(argv):
     out = argv[1] if len(argv) > 1 else os.path.join(os.getcwd(), "cpp_ref")
     os.makedirs(out, exist_ok=True)
     torch.set_num_threads(1)
     asgd_reference(out)
     scaler_reference(out)
+    amp_protocol_reference(out)
+    unfused_reference(out)
+    corrupt_reference(out)
     torchscript_reference(out)
     checkpoint_reference(out)
     if "--no-aoti" not in argv:

@@ -81,6 +81,27 @@ def check_scaler(ref_dir):
     print("resume_in_python: GradScaler: torchext and torch.amp continue the C++ run")
 
 
+def check_t0_per_param(ref_dir):
+    """The run whose group 0 has t0_per_param (start_averaging at different
+    step counts), saved by C++: torchext continues it bit for bit."""
+    ref = load(ref_dir, "ckpt_t0pp_ref.pt")
+    sd = load(ref_dir, "ckpt_t0pp_cpp.pt")
+    assert sd["param_groups"][0]["t0_per_param"] == ref["t0_per_param0"].tolist(), sd
+    assert "t0_per_param" not in sd["param_groups"][1]
+    cpp_params = load_params(ref_dir, "ckpt_t0pp_cpp_params.pt")
+    params = [cpp_params[f"param{i}"].clone().requires_grad_() for i in range(3)]
+    opt = mr.make_asgd(TorchextASGD, params, lr=0.5)
+    opt.load_state_dict(sd)
+    grads = [ref[f"grads{i}"] for i in range(3)]
+    mr.t0pp_steps(opt, params, grads, mr.PY_STEPS + mr.CPP_STEPS, mr.CKPT_STEPS)
+    for i, p in enumerate(params):
+        for key, got in (("param", p.detach()), ("ax", opt.state[p]["ax"]),
+                         ("mu", opt.state[p]["mu"]), ("step", opt.state[p]["step"])):
+            want = ref[f"end_{key}{i}"]
+            assert torch.equal(got, want), ("t0_per_param", key, i, got, want)
+    print("resume_in_python: t0_per_param saved by C++ continues bit for bit")
+
+
 def check_tensor_lr(ref_dir):
     sd = load(ref_dir, "ckpt_tensor_lr_cpp.pt")
     ref = load(ref_dir, "tensor_lr_ref.pt")
@@ -93,6 +114,7 @@ def main(ref_dir):
     check_asgd(ref_dir, torch.float32)
     check_asgd(ref_dir, torch.float64)
     check_scaler(ref_dir)
+    check_t0_per_param(ref_dir)
     check_tensor_lr(ref_dir)
 
 

@@ -10,6 +10,9 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <cstdio>
+#include <functional>
+#include <sstream>
+#include <tuple>
 
 using torchext::optim::ASGD;
 using torchext::optim::ASGDOptions;
@@ -59,31 +62,44 @@ struct Problem {
   }
 };
 
-// Everything an optimizer holds, to compare before/after a rejected load.
-std::vector<torch::Tensor> snapshot(const Problem& pb) {
+// Everything an optimizer holds (params, every state tensor with its dtype
+// and device, every option of every group), to compare before/after a
+// rejected load.
+std::vector<torch::Tensor> snapshot(const ASGD& opt, const std::vector<torch::Tensor>& params) {
   std::vector<torch::Tensor> out;
-  for (size_t i = 0; i < pb.params.size(); ++i) {
-    out.push_back(pb.params[i].detach().clone());
-    auto it = pb.opt->state().find(pb.params[i].unsafeGetTensorImpl());
-    if (it == pb.opt->state().end()) {
+  for (const auto& p : params) {
+    out.push_back(p.detach().clone());
+    auto it = opt.state().find(p.unsafeGetTensorImpl());
+    if (it == opt.state().end()) {
       out.push_back(torch::full({}, -1.0));  // "no state"
       continue;
     }
     const auto& st = static_cast<const ASGDParamState&>(*it->second);
     for (const auto& t : {st.step(), st.eta(), st.mu(), st.ax()}) out.push_back(t.clone());
   }
-  for (const auto& g : pb.opt->param_groups()) {
+  for (const auto& g : opt.param_groups()) {
     const auto& o = static_cast<const ASGDOptions&>(g.options());
     out.push_back(torch::tensor({o.lr(), o.lambd(), o.alpha(), o.t0(), o.weight_decay(),
-                                 static_cast<double>(o.maximize())},
+                                 static_cast<double>(o.maximize()),
+                                 static_cast<double>(o.capturable()),
+                                 o.fused().has_value() ? static_cast<double>(*o.fused()) : -1.0,
+                                 static_cast<double>(g.params().size())},
                                 torch::kDouble));
+    out.push_back(torch::tensor(o.t0_per_param(), torch::kDouble));
+    out.push_back(o.has_tensor_lr() ? o.lr_tensor().clone() : torch::full({}, -1.0));
   }
   return out;
 }
+std::vector<torch::Tensor> snapshot(const Problem& pb) { return snapshot(*pb.opt, pb.params); }
 
+// Same values, dtypes and devices.
 void expect_same(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
   ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "entry " << i;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(a[i].scalar_type() == b[i].scalar_type() && a[i].device() == b[i].device() &&
+                torch::equal(a[i], b[i]))
+        << "entry " << i << ": " << a[i] << " vs " << b[i];
+  }
 }
 
 // The full state of params after the steps, against Python's `prefix` run.
@@ -192,7 +208,7 @@ TEST(PythonCheckpointBadFile, NothingChanges) {
   EXPECT_THROW_MSG(torchext::load_state_dict(*pb.opt, ref_path("ckpt_wrong_shape.pt")),
                    "['ax'] has shape [3, 4] but the parameter has shape [4, 3]");
   EXPECT_THROW_MSG(torchext::load_state_dict(*pb.opt, ref_path("ckpt_scaler_py.pt")),
-                   "has no 'param_groups'");
+                   "must have a 'state' dict");
   expect_same(snapshot(pb), before);
   // Another optimizer's state with matching groups: SGD's keys.
   auto w = torch::zeros({4, 3}).requires_grad_();
@@ -233,4 +249,429 @@ TEST(TensorLr, FollowsAnInPlaceScheduleLikePython) {
   // set_lr (what torch's C++ LR schedulers call) writes into the tensor.
   other.opt->param_groups()[0].options().set_lr(0.5);
   EXPECT_EQ(o.lr_tensor().item<float>(), 0.5f);
+}
+
+// ---- t0_per_param: start_averaging with params at different step counts ----
+
+namespace {
+
+// make_reference.py's t0pp_steps: param 1 has no grad at no_grad_steps;
+// averaging restarts after average_at steps.
+void t0pp_run(Problem& pb, const Ref& ref, int64_t start, int64_t stop) {
+  const auto no_grad = R(ref, "no_grad_steps");
+  const int64_t average_at = R(ref, "average_at").item<int64_t>();
+  for (int64_t s = start; s < stop; ++s) {
+    for (size_t i = 0; i < pb.params.size(); ++i) {
+      const bool none = i == 1 && (no_grad == s).any().item<bool>();
+      pb.params[i].mutable_grad() = none ? torch::Tensor() : R(ref, idx("grads", i))[s].clone();
+    }
+    pb.opt->step();
+    if (s + 1 == average_at) pb.opt->start_averaging();
+  }
+}
+
+const ASGDOptions& group_options(const ASGD& opt, size_t g) {
+  return static_cast<const ASGDOptions&>(opt.param_groups()[g].options());
+}
+
+}  // namespace
+
+// A Python checkpoint whose group holds t0_per_param continues in C++
+// exactly as in Python (each param averaged from its own t0), and C++ saves
+// it back (resume_in_python.py finishes the run in Python).
+TEST(PythonCheckpoint, T0PerParamContinuesBitForBit) {
+  const auto ref = load_ref("ckpt_t0pp_ref.pt");
+  Problem pb(ref, "py_param");
+  torchext::load_state_dict(*pb.opt, ref_path("ckpt_t0pp_py.pt"));
+  const auto want = R(ref, "t0_per_param0");
+  EXPECT_TRUE(torch::equal(torch::tensor(group_options(*pb.opt, 0).t0_per_param(),
+                                         torch::kDouble), want));
+  EXPECT_TRUE(group_options(*pb.opt, 1).t0_per_param().empty());
+  const int64_t start = R(ref, "py_steps").item<int64_t>();
+  t0pp_run(pb, ref, start, start + R(ref, "cpp_steps").item<int64_t>());
+  expect_state(pb, ref, "mid_", /*exact=*/true);
+  torchext::save_state_dict(*pb.opt, ref_path("ckpt_t0pp_cpp.pt"));
+  save_tensors(pb.params, ref_path("ckpt_t0pp_cpp_params.pt"));
+}
+
+// The whole run in C++: its start_averaging writes what Python's wrote
+// (t0, t0_per_param), the steps follow them, and a LibTorch archive carries
+// them (torch::save/load mid-run changes nothing).
+TEST(T0PerParam, CppStartAveragingAndArchivesFollowPython) {
+  const auto ref = load_ref("ckpt_t0pp_ref.pt");
+  Problem pb(ref, "init", ASGDOptions(0.03).lambd(1e-3).alpha(0.75).t0(3.0).weight_decay(1e-2),
+             ASGDOptions(0.01).lambd(1e-2).alpha(0.6).t0(0.0).maximize(true));
+  const int64_t py = R(ref, "py_steps").item<int64_t>();
+  t0pp_run(pb, ref, 0, py);
+  EXPECT_TRUE(torch::equal(torch::tensor(group_options(*pb.opt, 0).t0_per_param(),
+                                         torch::kDouble), R(ref, "t0_per_param0")));
+  EXPECT_TRUE(group_options(*pb.opt, 1).t0_per_param().empty());
+  const auto t0 = R(ref, "t0");
+  EXPECT_EQ(group_options(*pb.opt, 0).t0(), t0[0].item<double>());
+  EXPECT_EQ(group_options(*pb.opt, 1).t0(), t0[1].item<double>());
+  for (size_t i = 0; i < pb.params.size(); ++i) {
+    EXPECT_TRUE(torch::equal(pb.params[i], R(ref, idx("py_param", i)))) << i;
+  }
+  // Through a LibTorch archive, into an optimizer with other options.
+  std::stringstream stream;
+  torch::save(*pb.opt, stream);
+  Problem other(ref, "init");
+  for (size_t i = 0; i < pb.params.size(); ++i) {
+    torch::NoGradGuard ng;
+    other.params[i].copy_(pb.params[i]);
+  }
+  torch::load(*other.opt, stream);
+  EXPECT_EQ(group_options(*other.opt, 0).t0_per_param(), group_options(*pb.opt, 0).t0_per_param());
+  const int64_t mid = py + R(ref, "cpp_steps").item<int64_t>();
+  t0pp_run(pb, ref, py, mid);
+  t0pp_run(other, ref, py, mid);
+  expect_state(pb, ref, "mid_", /*exact=*/true);
+  expect_state(other, ref, "mid_", /*exact=*/true);
+}
+
+TEST(T0PerParam, WrongLengthIsRefusedWhereverItComesFrom) {
+  auto p = torch::ones({2}).requires_grad_();
+  auto q = torch::ones({3}).requires_grad_();
+  std::vector<OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<torch::Tensor>{p, q},
+                      std::make_unique<ASGDOptions>(ASGDOptions(0.1).t0_per_param({1.0})));
+  EXPECT_THROW_MSG(ASGD{groups}, "t0_per_param has 1 values but the group has 2 params");
+  EXPECT_THROW_MSG(ASGD({p}, ASGDOptions(0.1).t0_per_param({std::nan("")})), "t0_per_param[0]");
+  ASGD opt({p, q}, ASGDOptions(0.1).t0_per_param({1.0, 2.0}));
+  p.mutable_grad() = torch::ones({2});
+  q.mutable_grad() = torch::ones({3});
+  opt.step();
+  const auto before = snapshot(opt, {p, q});
+  static_cast<ASGDOptions&>(opt.param_groups()[0].options()).t0_per_param({1.0, 2.0, 3.0});
+  EXPECT_THROW_MSG(opt.step(), "t0_per_param has 3 values");
+  static_cast<ASGDOptions&>(opt.param_groups()[0].options()).t0_per_param({1.0, 2.0});
+  expect_same(snapshot(opt, {p, q}), before);
+}
+
+// ---- corrupted checkpoints: tests/checkpoint_corruptions.py's table --------
+
+namespace {
+
+struct CorruptCase {
+  std::string kind, tag, name;
+  std::vector<std::string> names;
+};
+
+std::vector<CorruptCase> corrupt_cases() {
+  std::ifstream in(ref_path("corrupt/index.txt"));
+  TORCH_CHECK(in.good(), "missing corrupt/index.txt (run cpp_tests/make_reference.py)");
+  std::vector<CorruptCase> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    std::vector<std::string> fields;
+    std::stringstream ss(line);
+    std::string f;
+    while (std::getline(ss, f, '\t')) fields.push_back(f);
+    if (fields.size() == 3) fields.emplace_back();  // allowed: no names
+    TORCH_CHECK(fields.size() == 4, "bad index line: ", line);
+    CorruptCase c{fields[0], fields[1], fields[2], {}};
+    std::stringstream ns(fields[3]);
+    while (std::getline(ns, f, '|')) c.names.push_back(f);
+    out.push_back(c);
+  }
+  return out;
+}
+
+// tests/checkpoint_corruptions.py's SHAPES and GROUPS.
+struct CorruptProblem {
+  std::vector<torch::Tensor> params;
+  std::unique_ptr<ASGD> opt;
+  explicit CorruptProblem(int64_t seed) {
+    torch::manual_seed(seed);
+    for (auto shape : {std::vector<int64_t>{4, 3}, {3}, {2, 2}}) {
+      params.push_back(torch::randn(shape).requires_grad_());
+    }
+    std::vector<OptimizerParamGroup> groups;
+    groups.emplace_back(std::vector<torch::Tensor>{params[0], params[1]},
+                        std::make_unique<ASGDOptions>(
+                            ASGDOptions(0.03).lambd(1e-3).alpha(0.75).t0(3).weight_decay(1e-2)));
+    groups.emplace_back(std::vector<torch::Tensor>{params[2]},
+                        std::make_unique<ASGDOptions>(
+                            ASGDOptions(0.01).lambd(1e-2).alpha(0.6).t0(0).maximize(true)));
+    opt = std::make_unique<ASGD>(groups);
+  }
+  void steps(int64_t n, int64_t seed) {
+    torch::manual_seed(seed);
+    for (int64_t s = 0; s < n; ++s) {
+      for (auto& p : params) p.mutable_grad() = torch::randn(p.sizes());
+      opt->step();
+    }
+  }
+};
+
+// Everything a scaler holds.
+std::vector<double> scaler_snapshot(const torchext::amp::GradScaler& s) {
+  const auto& o = s.options();
+  return {s.get_scale(),
+          static_cast<double>(s.get_growth_tracker()),
+          s.hysteresis_tracker().defined() ? s.hysteresis_tracker().item<double>() : -1.0,
+          static_cast<double>(s.num_skipped_steps()),
+          o.init_scale(), o.growth_factor(), o.backoff_factor(),
+          static_cast<double>(o.growth_interval()), static_cast<double>(o.hysteresis()),
+          o.min_scale().value_or(-1.0), o.max_scale().value_or(-1.0)};
+}
+
+// Runs `load`; true when it threw c10::Error naming every string of `names`
+// (a missing name is reported as a failure).
+bool refused(const std::function<void()>& load, const CorruptCase& c) {
+  try {
+    load();
+  } catch (const c10::Error& e) {
+    const std::string msg = e.what_without_backtrace();
+    for (const auto& n : c.names) {
+      EXPECT_NE(msg.find(n), std::string::npos)
+          << c.kind << " " << c.name << ": '" << n << "' not in the error: " << msg;
+    }
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+// Each corrupted Python-format ASGD checkpoint is refused by
+// torchext::load_state_dict naming the entry, and nothing changes: every
+// tensor and option, and the next steps equal those of an untouched twin.
+TEST(CorruptCheckpoints, PythonFormatASGDRefusedWhole) {
+  CorruptProblem pb(3), twin(3);
+  for (auto* x : {&pb, &twin}) {
+    torchext::load_state_dict(*x->opt, ref_path("corrupt/asgd_good.pt"));
+    x->steps(1, 7);
+  }
+  const auto before = snapshot(*pb.opt, pb.params);
+  int total = 0, ok = 0;
+  for (const auto& c : corrupt_cases()) {
+    if (c.kind != "asgd" || c.tag != "bad") continue;
+    SCOPED_TRACE(c.name);
+    ++total;
+    const bool r = refused(
+        [&] { torchext::load_state_dict(*pb.opt, ref_path("corrupt/asgd_" + c.name + ".pt")); },
+        c);
+    EXPECT_TRUE(r) << "not refused: " << c.name;
+    const auto after = snapshot(*pb.opt, pb.params);
+    bool same = after.size() == before.size();
+    for (size_t i = 0; same && i < after.size(); ++i) {
+      same = after[i].scalar_type() == before[i].scalar_type() && torch::equal(after[i], before[i]);
+    }
+    EXPECT_TRUE(same) << "changed by " << c.name;
+    ok += r && same;
+    if (!same) {  // start the next case from the good state again
+      torchext::load_state_dict(*pb.opt, ref_path("corrupt/asgd_good.pt"));
+      pb.steps(1, 7);
+    }
+  }
+  std::cout << "[ corrupt  ] Python-format ASGD checkpoints refused whole: " << ok << " of "
+            << total << std::endl;
+  EXPECT_GE(total, 100);
+  pb.steps(2, 9);
+  twin.steps(2, 9);
+  expect_same(snapshot(*pb.opt, pb.params), snapshot(*twin.opt, twin.params));
+  for (const auto& c : corrupt_cases()) {  // extra unknown keys etc. load
+    if (c.kind != "asgd" || c.tag != "allowed") continue;
+    SCOPED_TRACE(c.name);
+    EXPECT_NO_THROW(torchext::load_state_dict(*pb.opt,
+                                              ref_path("corrupt/asgd_" + c.name + ".pt")));
+  }
+  EXPECT_EQ(group_options(*pb.opt, 0).t0_per_param(), (std::vector<double>{2.0, 1.0}));
+}
+
+TEST(CorruptCheckpoints, PythonFormatGradScalerRefusedWhole) {
+  for (const bool started : {false, true}) {
+    SCOPED_TRACE(started ? "after scale()" : "before scale()");
+    torchext::amp::GradScaler scaler, twin;
+    auto w = torch::ones({3}).requires_grad_();
+    torch::optim::SGD opt({w}, 0.1);
+    auto iteration = [&](torchext::amp::GradScaler& s, float x) {
+      opt.zero_grad();
+      s.scale((w * x).sum()).backward();
+      s.step(opt);
+      s.update();
+    };
+    for (auto* s : {&scaler, &twin}) {
+      torchext::load_state_dict(*s, ref_path("corrupt/scaler_good.pt"));
+      if (started) iteration(*s, 1.0f);
+    }
+    const auto before = scaler_snapshot(scaler);
+    EXPECT_EQ(before, scaler_snapshot(twin));
+    int total = 0, ok = 0;
+    for (const auto& c : corrupt_cases()) {
+      if (c.kind != "scaler" || c.tag != "bad") continue;
+      SCOPED_TRACE(c.name);
+      ++total;
+      const bool r = refused(
+          [&] {
+            torchext::load_state_dict(scaler, ref_path("corrupt/scaler_" + c.name + ".pt"));
+          },
+          c);
+      EXPECT_TRUE(r) << "not refused: " << c.name;
+      const bool same = scaler_snapshot(scaler) == before;
+      EXPECT_TRUE(same) << "changed by " << c.name;
+      ok += r && same;
+      if (!same) torchext::load_state_dict(scaler, ref_path("corrupt/scaler_good.pt"));
+    }
+    std::cout << "[ corrupt  ] Python-format GradScaler checkpoints refused whole: " << ok
+              << " of " << total << std::endl;
+    EXPECT_GE(total, 50);
+    for (const float x : {1.0f, std::numeric_limits<float>::infinity(), 1.0f}) {
+      iteration(scaler, x);
+      iteration(twin, x);
+    }
+    EXPECT_EQ(scaler_snapshot(scaler), scaler_snapshot(twin));
+    for (const auto& c : corrupt_cases()) {
+      if (c.kind != "scaler" || c.tag != "allowed") continue;
+      SCOPED_TRACE(c.name);
+      EXPECT_NO_THROW(torchext::load_state_dict(scaler,
+                                                ref_path("corrupt/scaler_" + c.name + ".pt")));
+    }
+  }
+}
+
+// LibTorch archives (torch::save/torch::load): the corruptions that format
+// can hold, written here from C++ (options and state set past the setters'
+// checks), each refused whole by torch::load.
+TEST(CorruptCheckpoints, LibTorchArchivesRefusedWhole) {
+  using Corrupt = std::function<void(ASGD&, const std::vector<torch::Tensor>&)>;
+  auto state = [](ASGD& opt, const torch::Tensor& p) -> ASGDParamState& {
+    return static_cast<ASGDParamState&>(*opt.state().at(p.unsafeGetTensorImpl()));
+  };
+  auto options = [](ASGD& opt, size_t g) -> ASGDOptions& {
+    return static_cast<ASGDOptions&>(opt.param_groups()[g].options());
+  };
+  const double nan = std::nan(""), inf = std::numeric_limits<double>::infinity();
+  const std::vector<std::tuple<std::string, std::string, Corrupt>> cases = {
+      {"lr negative", "learning rate", [&](ASGD& o, auto&) { options(o, 1).lr(-0.1); }},
+      {"lr nan", "learning rate", [&](ASGD& o, auto&) { options(o, 1).lr(nan); }},
+      {"lr tensor nan", "learning rate",
+       [&](ASGD& o, auto&) { options(o, 1).lr(torch::tensor(static_cast<float>(nan))); }},
+      {"lr tensor int", "lr", [&](ASGD& o, auto&) { options(o, 1).lr(torch::tensor(1)); }},
+      {"lambd negative", "lambd", [&](ASGD& o, auto&) { options(o, 1).lambd(-1); }},
+      {"alpha nan", "alpha", [&](ASGD& o, auto&) { options(o, 1).alpha(nan); }},
+      {"weight_decay negative", "weight_decay",
+       [&](ASGD& o, auto&) { options(o, 1).weight_decay(-1); }},
+      {"t0 nan", "t0", [&](ASGD& o, auto&) { options(o, 1).t0(nan); }},
+      {"t0_per_param too short", "t0_per_param",
+       [&](ASGD& o, auto&) { options(o, 0).t0_per_param({1.0}); }},
+      {"t0_per_param nan", "t0_per_param",
+       [&](ASGD& o, auto&) { options(o, 0).t0_per_param({1.0, nan}); }},
+      {"ax wrong shape", "'ax'", [&](ASGD& o, auto& ps) { state(o, ps[2]).ax(torch::zeros({4})); }},
+      {"ax int", "'ax'",
+       [&](ASGD& o, auto& ps) { state(o, ps[2]).ax(torch::zeros({2, 2}, torch::kLong)); }},
+      {"ax complex", "'ax'",
+       [&](ASGD& o, auto& ps) { state(o, ps[2]).ax(torch::zeros({2, 2}, torch::kComplexFloat)); }},
+      {"step nan", "'step'", [&](ASGD& o, auto& ps) { state(o, ps[2]).step(torch::tensor(nan)); }},
+      {"step negative", "'step'",
+       [&](ASGD& o, auto& ps) { state(o, ps[2]).step(torch::tensor(-1.0f)); }},
+      {"step two elements", "'step'",
+       [&](ASGD& o, auto& ps) { state(o, ps[2]).step(torch::ones({2})); }},
+      {"step bool", "'step'", [&](ASGD& o, auto& ps) { state(o, ps[2]).step(torch::tensor(true)); }},
+      {"eta inf", "'eta'", [&](ASGD& o, auto& ps) { state(o, ps[2]).eta(torch::tensor(inf)); }},
+      {"eta complex", "'eta'",
+       [&](ASGD& o, auto& ps) { state(o, ps[2]).eta(torch::ones({}, torch::kComplexFloat)); }},
+      {"mu nan", "'mu'", [&](ASGD& o, auto& ps) { state(o, ps[0]).mu(torch::tensor(nan)); }},
+  };
+  CorruptProblem pb(3), twin(3);
+  pb.steps(2, 5);
+  twin.steps(2, 5);
+  const auto before = snapshot(*pb.opt, pb.params);
+  int ok = 0;
+  for (const auto& [name, names, corrupt] : cases) {
+    SCOPED_TRACE(name);
+    CorruptProblem src(3);
+    src.steps(2, 5);
+    corrupt(*src.opt, src.params);
+    std::stringstream stream;
+    torch::save(*src.opt, stream);
+    const bool r = refused([&] { torch::load(*pb.opt, stream); },
+                           CorruptCase{"archive", "bad", name, {names}});
+    EXPECT_TRUE(r) << "not refused: " << name;
+    const auto after = snapshot(*pb.opt, pb.params);
+    bool same = true;
+    for (size_t i = 0; same && i < after.size(); ++i) same = torch::equal(after[i], before[i]);
+    EXPECT_TRUE(same) << "changed by " << name;
+    ok += r && same;
+  }
+  // Structure: another number of groups, a group of another size.
+  {
+    auto x = torch::zeros({4, 3}).requires_grad_();
+    ASGD one({x});
+    x.mutable_grad() = torch::ones({4, 3});
+    one.step();
+    std::stringstream stream;
+    torch::save(one, stream);
+    EXPECT_THROW_MSG(torch::load(*pb.opt, stream), "parameter groups");
+  }
+  std::cout << "[ corrupt  ] LibTorch ASGD archives refused whole: " << ok << " of "
+            << cases.size() << std::endl;
+  pb.steps(2, 9);
+  twin.steps(2, 9);
+  expect_same(snapshot(*pb.opt, pb.params), snapshot(*twin.opt, twin.params));
+
+  // GradScaler archives: each key of GradScaler::save with a bad value.
+  using torchext::amp::GradScaler;
+  using torchext::amp::GradScalerOptions;
+  const auto f = [](double v) { return torch::full({}, v, torch::kFloat); };
+  const auto i32 = [](int64_t v) { return torch::full({}, v, torch::kInt); };
+  const std::vector<std::tuple<std::string, std::string, c10::IValue>> scaler_cases = {
+      {"scale", "scale", f(0.0)},          {"scale", "scale", f(-4.0)},
+      {"scale", "scale", f(nan)},          {"scale", "scale", f(inf)},
+      {"scale", "scale", torch::ones({2})}, {"scale", "scale", c10::IValue(2.0)},
+      {"_growth_tracker", "_growth_tracker", i32(-1)},
+      {"_hysteresis_tracker", "_hysteresis_tracker", i32(-1)},
+      {"_hysteresis_tracker", "_hysteresis_tracker", i32(5)},
+      {"_skipped_steps", "_skipped_steps", torch::full({}, -1, torch::kLong)},
+      {"growth_factor", "growth_factor", c10::IValue(1.0)},
+      {"growth_factor", "growth_factor", c10::IValue(nan)},
+      {"growth_factor", "growth_factor", c10::IValue(int64_t{2})},
+      {"backoff_factor", "backoff_factor", c10::IValue(1.0)},
+      {"backoff_factor", "backoff_factor", c10::IValue(0.0)},
+      {"growth_interval", "growth_interval", c10::IValue(int64_t{0})},
+      {"growth_interval", "growth_interval", c10::IValue(2.5)},
+      {"hysteresis", "hysteresis", c10::IValue(int64_t{0})},
+      {"min_scale", "min_scale", c10::IValue(-1.0)},
+      {"max_scale", "max_scale", c10::IValue(0.5)},  // below min_scale 1
+      {"max_scale", "max_scale", c10::IValue(nan)},
+  };
+  GradScaler good(GradScalerOptions().init_scale(64).growth_interval(3).hysteresis(2)
+                      .min_scale(1.0));
+  good.scale(torch::ones({}));
+  std::stringstream good_stream;
+  torch::save(good, good_stream);
+  const std::string good_bytes = good_stream.str();
+  GradScaler scaler;
+  {
+    std::istringstream in(good_bytes);
+    torch::load(scaler, in);
+  }
+  const auto scaler_before = scaler_snapshot(scaler);
+  int scaler_ok = 0;
+  for (const auto& [key, names, value] : scaler_cases) {
+    SCOPED_TRACE(key);
+    // The good archive with one key replaced.
+    torch::serialize::InputArchive in;
+    std::istringstream src(good_bytes);
+    in.load_from(src);
+    torch::serialize::OutputArchive out;
+    for (const auto& k : in.keys()) {
+      if (k == "training") continue;  // the archive module's own attribute
+      c10::IValue v;
+      in.read(k, v);
+      out.write(k, k == key ? value : v);
+    }
+    std::stringstream bad;
+    out.save_to(bad);
+    const bool r = refused([&] { torch::load(scaler, bad); },
+                           CorruptCase{"archive", "bad", key, {names}});
+    EXPECT_TRUE(r) << "not refused: " << key << " = " << value;
+    const bool same = scaler_snapshot(scaler) == scaler_before;
+    EXPECT_TRUE(same) << "changed by " << key << " = " << value;
+    scaler_ok += r && same;
+  }
+  std::cout << "[ corrupt  ] LibTorch GradScaler archives refused whole: " << scaler_ok << " of "
+            << scaler_cases.size() << std::endl;
 }

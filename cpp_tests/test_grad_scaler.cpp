@@ -179,6 +179,11 @@ TEST(GradScalerBadInput, ClearErrorsAndNoChange) {
   EXPECT_THROW_MSG(GradScaler(GradScalerOptions().growth_interval(0)), "growth_interval");
   EXPECT_THROW_MSG(GradScaler(GradScalerOptions().hysteresis(0)), "hysteresis");
   EXPECT_THROW_MSG(GradScaler(GradScalerOptions().min_scale(8).max_scale(4)), "min_scale");
+  // Python's check_options: a finite init_scale > 0.
+  EXPECT_THROW_MSG(GradScaler(GradScalerOptions().init_scale(
+                       std::numeric_limits<double>::infinity())),
+                   "init_scale");
+  EXPECT_THROW_MSG(GradScaler(GradScalerOptions().init_scale(0)), "init_scale");
 
   auto w = torch::ones({2}).requires_grad_();
   torch::optim::SGD opt({w}, 0.1);
@@ -245,4 +250,160 @@ TEST(GradScalerBadInput, BadGradientInALaterGroupChangesNothing) {
   scaler.update();
   EXPECT_FALSE(torch::equal(p, p0));
   EXPECT_EQ(scaler.get_scale(), 16.0);
+}
+
+// ---- the fused-step protocol (torchext/amp/fused_step.h) -------------------
+
+namespace {
+
+// torchext's ASGD, counting the scaler's calls of the fused step.
+struct CountingASGD : torchext::optim::ASGD {
+  using ASGD::ASGD;
+  std::vector<bool> found_inf_given;  // one per call: was found_inf passed?
+  torch::Tensor step_with_amp(const torch::Tensor& grad_scale,
+                              const torch::Tensor& found_inf) override {
+    found_inf_given.push_back(found_inf.defined());
+    return ASGD::step_with_amp(grad_scale, found_inf);
+  }
+};
+
+}  // namespace
+
+// C++ scaler + C++ ASGD through overflows against Python's torchext scaler +
+// torchext ASGD (make_reference.py amp_protocol_reference): which steps
+// called the optimizer (capturable: every one, skipped on the device), the
+// scales, and the params and state bit for bit.
+TEST(GradScaler, FusedProtocolMatchesPythonTorchextScaler) {
+  const auto ref = load_ref("amp_protocol_ref.pt");
+  const auto xs = R(ref, "xs");
+  for (const std::string variant : {"plain", "capturable", "unscale_first"}) {
+    SCOPED_TRACE(variant);
+    const std::string pre = variant + "/";
+    auto w = R(ref, "w0").clone().requires_grad_();
+    CountingASGD opt(std::vector<torch::Tensor>{w},
+                     torchext::optim::ASGDOptions(0.05).lambd(1e-3).t0(4).capturable(
+                         variant == "capturable"));
+    EXPECT_EQ(opt.amp_step_must_not_sync(), variant == "capturable");
+    GradScaler scaler(GradScalerOptions().init_scale(1024).growth_factor(2).backoff_factor(0.5)
+                          .growth_interval(3));
+    std::vector<bool> called;
+    std::vector<double> scales;
+    for (int64_t s = 0; s < xs.size(0); ++s) {
+      opt.zero_grad();
+      scaler.scale(0.5 * (w * xs[s]).pow(2).sum()).backward();
+      if (variant == "unscale_first") scaler.unscale_(opt);
+      const size_t before = opt.found_inf_given.size();
+      EXPECT_FALSE(scaler.step(opt).defined());  // ASGD's step returns nothing
+      called.push_back(opt.found_inf_given.size() > before);
+      if (called.back()) {  // found_inf only when the skip is left to the device
+        EXPECT_EQ(opt.found_inf_given.back(), variant == "capturable");
+      }
+      scaler.update();
+      scales.push_back(scaler.get_scale());
+    }
+    const auto want_called = R(ref, pre + "called");
+    ASSERT_EQ(static_cast<int64_t>(called.size()), want_called.numel());
+    for (size_t s = 0; s < called.size(); ++s) {
+      EXPECT_EQ(called[s], want_called[s].item<bool>()) << "step " << s;
+    }
+    EXPECT_TRUE(torch::equal(torch::tensor(scales, torch::kDouble), R(ref, pre + "scales")));
+    EXPECT_TRUE(torch::equal(w.detach(), R(ref, pre + "w")));
+    const auto& st = static_cast<const torchext::optim::ASGDParamState&>(
+        *opt.state().at(w.unsafeGetTensorImpl()));
+    for (const auto& [key, t] : std::vector<std::pair<std::string, torch::Tensor>>{
+             {"step", st.step()}, {"eta", st.eta()}, {"mu", st.mu()}, {"ax", st.ax()}}) {
+      EXPECT_TRUE(torch::equal(t, R(ref, pre + key))) << key << ": " << t << " vs "
+                                                       << R(ref, pre + key);
+    }
+    EXPECT_EQ(scaler.num_skipped_steps(), R(ref, pre + "skipped").item<int64_t>());
+  }
+}
+
+namespace {
+
+// A plain optimizer whose step() returns a value (what GradScaler::step must
+// hand back), and one implementing the fused protocol, also returning one.
+struct ReturningSGD : torch::optim::SGD {
+  using SGD::SGD;
+  int64_t calls = 0;
+  torch::Tensor step(LossClosure closure = nullptr) override {
+    SGD::step(closure);
+    return torch::full({}, static_cast<double>(++calls));
+  }
+};
+
+struct FusedSGD : torch::optim::SGD, torchext::amp::FusedAmpStep {
+  using SGD::SGD;
+  bool device_skip = false;
+  std::vector<std::pair<bool, bool>> seen;  // (grad_scale given, found_inf given)
+  torch::Tensor step_with_amp(const torch::Tensor& grad_scale,
+                              const torch::Tensor& found_inf) override {
+    seen.emplace_back(grad_scale.defined(), found_inf.defined());
+    return torch::full({}, 7.0);
+  }
+  bool amp_step_must_not_sync() const override { return device_skip; }
+};
+
+}  // namespace
+
+TEST(GradScaler, StepReturnsWhatTheOptimizersStepReturned) {
+  const float inf = std::numeric_limits<float>::infinity();
+  {  // plain: step() runs only without an overflow, and its value comes back
+    auto w = torch::ones({2}).requires_grad_();
+    ReturningSGD opt({w}, torch::optim::SGDOptions(0.1));
+    GradScaler scaler(GradScalerOptions().init_scale(4));
+    std::vector<double> got;
+    for (float x : {1.0f, inf, 1.0f}) {
+      opt.zero_grad();
+      scaler.scale((w * x).sum()).backward();
+      const auto r = scaler.step(opt);
+      got.push_back(r.defined() ? r.item<double>() : -1.0);
+      scaler.update();
+    }
+    EXPECT_EQ(got, (std::vector<double>{1.0, -1.0, 2.0}));
+  }
+  for (const bool device_skip : {false, true}) {  // any optimizer with the protocol
+    SCOPED_TRACE(device_skip ? "device skip" : "host skip");
+    auto w = torch::ones({2}).requires_grad_();
+    FusedSGD opt({w}, torch::optim::SGDOptions(0.1));
+    opt.device_skip = device_skip;
+    GradScaler scaler(GradScalerOptions().init_scale(4));
+    std::vector<bool> returned;
+    for (float x : {1.0f, inf}) {
+      opt.zero_grad();
+      scaler.scale((w * x).sum()).backward();
+      returned.push_back(scaler.step(opt).defined());
+      scaler.update();
+    }
+    // Host skip: not called on the overflow (undefined back); device skip:
+    // always called, with found_inf.
+    EXPECT_EQ(returned, (std::vector<bool>{true, device_skip}));
+    ASSERT_EQ(opt.seen.size(), device_skip ? 2u : 1u);
+    for (const auto& [gs, fi] : opt.seen) {
+      EXPECT_TRUE(gs);
+      EXPECT_EQ(fi, device_skip);
+    }
+    EXPECT_EQ(scaler.get_scale(), 2.0);  // backed off once either way
+    EXPECT_TRUE(torch::equal(w, torch::ones({2})));  // FusedSGD's step changes nothing
+  }
+}
+
+// A fused step that throws leaves the scaler's records as they were: the
+// same iteration goes through once the problem is fixed.
+TEST(GradScalerBadInput, RefusedFusedStepKeepsTheRecords) {
+  auto p = torch::ones({2}).requires_grad_();
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<torch::Tensor>{p});
+  torchext::optim::ASGD opt(groups);
+  GradScaler scaler(GradScalerOptions().init_scale(8));
+  scaler.scale(p.sum()).backward();
+  // t0_per_param of the wrong length: ASGD's step refuses before any write.
+  static_cast<torchext::optim::ASGDOptions&>(opt.param_groups()[0].options())
+      .t0_per_param({1.0, 2.0});
+  EXPECT_THROW_MSG(scaler.step(opt), "t0_per_param");
+  EXPECT_THROW_MSG(scaler.update(), "no inf checks were recorded");
+  static_cast<torchext::optim::ASGDOptions&>(opt.param_groups()[0].options()).t0_per_param({});
+  scaler.step(opt);
+  scaler.update();
+  EXPECT_FALSE(torch::equal(p, torch::ones({2})));
 }

@@ -23,6 +23,15 @@ TEST(Library, OpsAreRegistered) {
   EXPECT_EQ(from_file, torchext::version());
 }
 
+// The scaler's state-dict version has one home (state_dict_version.h): what
+// the library exports for Python and what the C++ GradScaler writes.
+TEST(Library, ScalerStateDictVersionIsOneNumber) {
+  EXPECT_EQ(torchext_scaler_state_dict_version(), torchext::amp::kStateDictVersion);
+  torchext::amp::GradScaler scaler;
+  const auto sd = scaler.state_dict();
+  EXPECT_EQ(sd.at("_torchext_version").toInt(), torchext::amp::kStateDictVersion);
+}
+
 // ctest also runs this with ATEN_CPU_CAPABILITY=default (cpu_isa_default).
 TEST(Library, CpuKernelsFollowATensIsa) {
   const std::string isa = torchext::cpu_isa(), aten = at::get_cpu_capability();

@@ -3,6 +3,7 @@
 #include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
 
+#include <cmath>
 #include <utility>
 
 namespace torchext {
@@ -235,6 +236,7 @@ std::optional<ASGDCall> check_asgd_header(const ASGDArgs& a) {
   TORCH_CHECK_VALUE(a.alpha >= 0.0, "asgd_: invalid alpha value: ", a.alpha, " (must be >= 0)");
   TORCH_CHECK_VALUE(a.weight_decay >= 0.0, "asgd_: invalid weight_decay value: ",
                     a.weight_decay, " (must be >= 0)");
+  TORCH_CHECK_VALUE(!std::isnan(a.t0), "asgd_: invalid t0 value: ", a.t0, " (must not be NaN)");
   if (a.packed()) check_packed_state(a);
 
   size_t first = 0;

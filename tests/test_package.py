@@ -188,3 +188,47 @@ def test_setup_env_rebuilds_on_source_changes(tmp_path):
     stamp.write_text(stamp.read_text().replace("torch=", "torch=0.0.0", 1))  # another torch
     out, calls = setup_env()
     assert calls == 1 and "new torch: clean build" in out and not (tmp_path / "build" / "obj.o").exists()
+
+
+def test_scaler_state_dict_version_has_one_home():
+    # csrc/include/torchext/amp/state_dict_version.h holds the number; Python
+    # reads it from the loaded library, the C++ GradScaler compiles it in.
+    import re
+
+    from torchext.amp import GradScaler
+    from torchext.amp._checkpoint import STATE_DICT_VERSION
+    header = os.path.join(SRC, "csrc", "include", "torchext", "amp", "state_dict_version.h")
+    if not os.path.exists(header):  # an installed wheel ships it under include/
+        header = os.path.join(PKG, "include", "torchext", "amp", "state_dict_version.h")
+    with open(header) as f:
+        m = re.search(r"kStateDictVersion = (\d+);", f.read())
+    assert m and int(m.group(1)) == STATE_DICT_VERSION
+    assert GradScaler().state_dict()["_torchext_version"] == STATE_DICT_VERSION
+    for where in (os.path.join(SRC, "torchext"), os.path.join(SRC, "csrc", "api")):
+        for root, _, files in os.walk(where):
+            for name in files:
+                if name.endswith((".py", ".cpp")):
+                    with open(os.path.join(root, name)) as f:
+                        text = f.read()
+                    assert not re.search(r"(STATE_DICT_VERSION|kStateDictVersion)\s*=\s*\d",
+                                         text), f"a second home of the version in {name}"
+
+
+def test_one_list_of_compiler_flags():
+    # cmake/cxx_flags.txt: setup.py and CMakeLists.txt both read it, and
+    # neither spells a flag of it itself.
+    path = os.path.join(SRC, "cmake", "cxx_flags.txt")
+    if not os.path.exists(path):
+        import pytest
+        pytest.skip("no checkout next to the tests")
+    with open(path) as f:
+        flags = [ln.strip() for ln in f if ln.strip() and not ln.lstrip().startswith("#")]
+    assert "-ffp-contract=off" in flags and "-fopenmp" in flags
+    for build in ("setup.py", "CMakeLists.txt"):
+        with open(os.path.join(SRC, build)) as f:
+            text = f.read()
+        assert "cxx_flags.txt" in text, build
+        code = "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("#"))
+        # (-O3 and -std=c++20 are nvcc's flags too, -fopenmp a link flag.)
+        for flag in ("-ffp-contract=off", "-fvisibility=hidden"):
+            assert flag not in code, f"{build} spells {flag} itself"

@@ -30,14 +30,22 @@ at::Tensor op_lr(const ASGDOptions& o) {
   return o.has_tensor_lr() ? o.lr_tensor() : at::scalar_tensor(o.lr(), at::kDouble);
 }
 
-// The op's arguments for one device's lists (the op validates exactly these).
+// The op's arguments for one op call: a group's params on one device with
+// one t0 (Python's slot group). The op validates exactly these.
 struct DeviceCall {
   std::vector<at::Tensor> params, grads, axs, mus, etas, steps;
   std::optional<at::Tensor> grad_scale, found_inf;
+  double t0 = 0.0;  // the group's t0, or its t0_per_param value for these params
+
+  ASGDHyperparams hyper(const ASGDOptions& o) const {
+    auto h = ASGDHyperparams::from(o);
+    h.t0 = t0;
+    return h;
+  }
 
   ASGDArgs args(const ASGDOptions& o, const at::Tensor& lr) const {
     ASGDArgs a;
-    static_cast<ASGDHyperparams&>(a) = ASGDHyperparams::from(o);
+    static_cast<ASGDHyperparams&>(a) = hyper(o);
     // (TensorRefs point into this DeviceCall's lists: use the args while it lives.)
     a.params = TensorRefs(params);
     a.grads = TensorRefs(grads);
@@ -57,8 +65,7 @@ struct DeviceCall {
     push_asgd_args(stack, c10::List<at::Tensor>(params), c10::List<at::Tensor>(grads),
                    c10::List<at::Tensor>(axs),
                    c10::List<at::Tensor>(mus), c10::List<at::Tensor>(etas),
-                   c10::List<at::Tensor>(steps), lr, ASGDHyperparams::from(o), grad_scale,
-                   found_inf);
+                   c10::List<at::Tensor>(steps), lr, hyper(o), grad_scale, found_inf);
     asgd_op(ASGDState::kLists).callBoxed(&stack);
   }
 };
@@ -68,6 +75,9 @@ struct DeviceCall {
 // ax while mu == 1, as torch does; capturable=true is its sync-free tensor
 // form, which skips on the device. grad_scale/found_inf follow the fused op's
 // contract (grads multiplied by the float32 reciprocal of grad_scale).
+// Python's torchext.optim.functional.reference_asgd is the same, op for op
+// (each Python operator written as the ATen call it makes, so the bits
+// match; compared by cpp_tests UnfusedStep.*).
 void reference_step(const DeviceCall& c, const ASGDOptions& o) {
   const bool capturable = o.capturable();
   if (c.found_inf.has_value() && !capturable && c.found_inf->item<double>() != 0) return;
@@ -81,7 +91,7 @@ void reference_step(const DeviceCall& c, const ASGDOptions& o) {
       for (const auto& t : *list) olds.emplace_back(t, t.clone());
     }
   }
-  const double lambd = o.lambd(), alpha = o.alpha(), t0 = o.t0();
+  const double lambd = o.lambd(), alpha = o.alpha(), t0 = c.t0;
   for (const auto i : c10::irange(c.params.size())) {
     at::Tensor param = c.params[i], ax = c.axs[i], grad = c.grads[i];
     const at::Tensor &mu = c.mus[i], &eta = c.etas[i], &step_t = c.steps[i];
@@ -101,8 +111,9 @@ void reference_step(const DeviceCall& c, const ASGDOptions& o) {
       param.addcmul_(grad, eta, -1);
       ax.add_(param.sub(ax).mul_(mu));
       if (o.has_tensor_lr()) {
-        const auto lr = o.lr_tensor().to(eta.device());
-        eta.copy_((lambd * lr * step_t + 1).pow(alpha).reciprocal() * lr);
+        // `lr / ((1 + lambd * lr * step_t) ** alpha)` with a tensor lr: a division.
+        const auto lr = o.lr_tensor().reshape({});
+        eta.copy_(lr / (lr * lambd * step_t + 1).pow(alpha));
       } else {
         eta.copy_((step_t * (lambd * o.lr()) + 1).pow(alpha).reciprocal() * o.lr());
       }
@@ -116,9 +127,14 @@ void reference_step(const DeviceCall& c, const ASGDOptions& o) {
       } else {
         ax.copy_(param);
       }
-      const double lr = o.has_tensor_lr() ? o.lr_tensor().item<double>() : o.lr();
       const double step = step_t.item<double>();
-      eta.fill_(lr / std::pow(1 + lambd * lr * step, alpha));
+      if (o.has_tensor_lr()) {  // tensor arithmetic, in the lr's dtype, as Python's
+        const auto lr = o.lr_tensor().reshape({});
+        eta.copy_(lr / (lr * lambd * step + 1).pow(alpha));
+      } else {
+        const double lr = o.lr();
+        eta.fill_(lr / std::pow(1 + lambd * lr * step, alpha));
+      }
       mu.fill_(1 / std::max(1.0, step - t0));
     }
   }
@@ -135,11 +151,27 @@ at::ScalarType scalar_state_dtype() {
                                                                            : at::kFloat;
 }
 
-void adopt_loaded_state(ASGDParamState& st, const at::Tensor& p, const std::string& where) {
-  TORCH_CHECK_VALUE(st.ax().defined() && st.step().defined() && st.eta().defined() &&
-                        st.mu().defined(),
-                    where, " lacks step, eta, mu or ax");
+std::unique_ptr<ASGDParamState> initial_state(const at::Tensor& p, const ASGDOptions& o) {
+  auto st = std::make_unique<ASGDParamState>();
+  const auto opts = at::TensorOptions().dtype(scalar_state_dtype()).device(p.device());
+  st->step(at::zeros({}, opts));
+  st->eta(o.has_tensor_lr() ? o.lr_tensor().detach().to(opts, false, /*copy=*/true).reshape({})
+                            : at::full({}, o.lr(), opts));
+  st->mu(at::ones({}, opts));
+  st->ax(at::zeros_like(p, at::MemoryFormat::Preserve));
+  return st;
+}
+
+void check_loaded_state(const ASGDParamState& st, const at::Tensor& p, const std::string& where) {
+  const std::pair<const char*, const at::Tensor*> entries[] = {
+      {"step", &st.step()}, {"eta", &st.eta()}, {"mu", &st.mu()}, {"ax", &st.ax()}};
+  for (const auto& [key, t] : entries) {
+    TORCH_CHECK_VALUE(t->defined(), where, " lacks '", key,
+                      "' (an ASGD state has step, eta, mu and ax)");
+  }
   const auto& ax = st.ax();
+  TORCH_CHECK_VALUE(ax.layout() == at::kStrided, where,
+                    "['ax'] must be a strided (dense) tensor, got ", ax.layout());
   TORCH_CHECK_VALUE(ax.sizes() == p.sizes(), where, "['ax'] has shape ", ax.sizes(),
                     " but the parameter has shape ", p.sizes());
   TORCH_CHECK_TYPE(at::isComplexType(ax.scalar_type()) == at::isComplexType(p.scalar_type()) &&
@@ -147,12 +179,26 @@ void adopt_loaded_state(ASGDParamState& st, const at::Tensor& p, const std::stri
                         at::isComplexType(ax.scalar_type())),
                    where, "['ax'] has dtype ", ax.scalar_type(), " but the parameter has dtype ",
                    p.scalar_type());
-  for (const auto* t : {&st.step(), &st.eta(), &st.mu()}) {
-    TORCH_CHECK_VALUE(t->numel() == 1 && (at::isFloatingType(t->scalar_type()) ||
-                                          at::isIntegralType(t->scalar_type(), false)),
-                      where, ": step, eta and mu must each hold one real number, got ",
-                      t->scalar_type(), " of shape ", t->sizes());
+  TORCH_CHECK_VALUE(!ax.is_meta() || p.is_meta(), where,
+                    "['ax'] is on meta (it holds no values) but the parameter is on ",
+                    p.device());
+  for (const auto& [key, t] : entries) {
+    if (t == &st.ax()) continue;
+    const auto dt = t->scalar_type();
+    TORCH_CHECK_VALUE(t->numel() == 1, where, "['", key, "'] must hold one element, got shape ",
+                      t->sizes());
+    TORCH_CHECK_VALUE(t->layout() == at::kStrided && !at::isComplexType(dt) && dt != at::kBool,
+                      where, "['", key, "'] must be one real number, got ", dt, " ",
+                      t->layout());
+    if (t->is_meta()) continue;  // no value to read (a meta parameter's state)
+    const double v = t->item<double>();  // a host read: loading may sync
+    TORCH_CHECK_VALUE(std::isfinite(v) && v >= 0.0, where, "['", key,
+                      "'] must be finite and >= 0, got ", v);
   }
+}
+
+void adopt_loaded_state(ASGDParamState& st, const at::Tensor& p, const std::string& where) {
+  check_loaded_state(st, p, where);
   const auto sdtype = scalar_state_dtype();
   auto scalar = [&](const at::Tensor& t) {
     const auto s = t.scalar_type();
@@ -160,7 +206,7 @@ void adopt_loaded_state(ASGDParamState& st, const at::Tensor& p, const std::stri
     return t.detach().to(p.device(), dt, /*non_blocking=*/false, /*copy=*/true).reshape({});
   };
   auto step = scalar(st.step()), eta = scalar(st.eta()), mu = scalar(st.mu());
-  st.ax(ax.detach().to(p.device(), p.scalar_type(), false, /*copy=*/true));
+  st.ax(st.ax().detach().to(p.device(), p.scalar_type(), false, /*copy=*/true));
   st.step(step);
   st.eta(eta);
   st.mu(mu);
@@ -183,14 +229,34 @@ bool operator==(const ASGDOptions& lhs, const ASGDOptions& rhs) {
                            ? lhs.lr_tensor().is_same(rhs.lr_tensor())
                            : lhs.lr() == rhs.lr();
   return same_lr && lhs.lambd() == rhs.lambd() && lhs.alpha() == rhs.alpha() &&
-         lhs.t0() == rhs.t0() && lhs.weight_decay() == rhs.weight_decay() &&
+         lhs.t0() == rhs.t0() && lhs.t0_per_param() == rhs.t0_per_param() &&
+         lhs.weight_decay() == rhs.weight_decay() &&
          lhs.maximize() == rhs.maximize() && lhs.capturable() == rhs.capturable() &&
          lhs.fused() == rhs.fused();
 }
 
 void ASGDOptions::validate() const {
-  // The op's own option rules (empty lists: only the options are checked).
-  check_asgd_args(DeviceCall{}.args(*this, op_lr(*this)));
+  // The op's own option rules (empty lists: only the options are checked),
+  // with t0 and with each t0_per_param value.
+  DeviceCall none;
+  none.t0 = t0();
+  const auto lr = op_lr(*this);
+  check_asgd_args(none.args(*this, lr));
+  for (const auto i : c10::irange(t0_per_param().size())) {
+    none.t0 = t0_per_param()[i];
+    try {
+      check_asgd_args(none.args(*this, lr));
+    } catch (c10::Error& e) {
+      e.add_context(c10::str("in t0_per_param[", i, "]"));
+      throw;
+    }
+  }
+}
+
+void check_t0_per_param_size(const ASGDOptions& o, size_t num_params, const std::string& where) {
+  TORCH_CHECK_VALUE(o.t0_per_param().empty() || o.t0_per_param().size() == num_params, where,
+                    ": t0_per_param has ", o.t0_per_param().size(),
+                    " values but the group has ", num_params, " params");
 }
 
 void ASGDOptions::serialize(torch::serialize::OutputArchive& archive) const {
@@ -203,6 +269,7 @@ void ASGDOptions::serialize(torch::serialize::OutputArchive& archive) const {
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(capturable);
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(fused);
   if (has_tensor_lr()) archive.write("lr_tensor", lr_tensor());
+  if (!t0_per_param().empty()) archive.write("t0_per_param", c10::IValue(t0_per_param()));
 }
 
 void ASGDOptions::serialize(torch::serialize::InputArchive& archive) {
@@ -215,7 +282,19 @@ void ASGDOptions::serialize(torch::serialize::InputArchive& archive) {
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(bool, capturable);
   _TORCH_OPTIM_DESERIALIZE_TORCH_ARG_OPTIONAL(bool, fused);
   c10::IValue t;
-  if (archive.try_read("lr_tensor", t) && t.isTensor()) lr(t.toTensor());
+  if (archive.try_read("lr_tensor", t)) {
+    TORCH_CHECK_VALUE(t.isTensor(), "ASGDOptions: 'lr_tensor' must be a tensor, got ",
+                      t.tagKind());
+    lr(t.toTensor());
+  }
+  c10::IValue t0s;
+  if (archive.try_read("t0_per_param", t0s)) {
+    TORCH_CHECK_VALUE(t0s.isDoubleList(), "ASGDOptions: 't0_per_param' must be a list of "
+                      "floats, got ", t0s.tagKind());
+    t0_per_param(t0s.toDoubleVector());
+  } else {
+    t0_per_param({});
+  }
 }
 
 double ASGDOptions::get_lr() const {
@@ -293,6 +372,8 @@ void ASGD::add_param_group(const OptimizerParamGroup& param_group) {
                   "on CPU or CUDA devices, params[", i, "] is on ", p.device());
     }
   }
+  check_t0_per_param_size(static_cast<const ASGDOptions&>(*options), param_group.params().size(),
+                          "ASGD.add_param_group");
   param_groups_.emplace_back(param_group.params(), std::move(options));
 }
 
@@ -306,9 +387,19 @@ torch::Tensor ASGD::step(LossClosure closure) {
   return loss;
 }
 
-void ASGD::step_with_amp(const torch::Tensor& grad_scale, const torch::Tensor& found_inf) {
-  TORCH_CHECK(found_inf.defined(), "ASGD.step_with_amp: found_inf must be a defined tensor");
-  step_impl(grad_scale.defined() ? &grad_scale : nullptr, &found_inf);
+torch::Tensor ASGD::step_with_amp(const torch::Tensor& grad_scale,
+                                  const torch::Tensor& found_inf) {
+  step_impl(grad_scale.defined() ? &grad_scale : nullptr,
+            found_inf.defined() ? &found_inf : nullptr);
+  return torch::Tensor();  // what step() returns without a closure
+}
+
+bool ASGD::amp_step_must_not_sync() const {
+  if (param_groups_.empty()) return false;
+  for (const auto& group : param_groups_) {
+    if (!static_cast<const ASGDOptions&>(group.options()).capturable()) return false;
+  }
+  return true;
 }
 
 void ASGD::step_impl(const torch::Tensor* grad_scale, const torch::Tensor* found_inf) {
@@ -333,27 +424,23 @@ void ASGD::step_impl(const torch::Tensor* grad_scale, const torch::Tensor* found
   };
   std::vector<GroupPlan> plans;
   std::vector<std::pair<void*, std::unique_ptr<ASGDParamState>>> created;
-  const auto sdtype = scalar_state_dtype();
   for (const auto gi : c10::irange(param_groups_.size())) {
     const auto& group = param_groups_[gi];
     const auto& o = static_cast<const ASGDOptions&>(group.options());
+    check_t0_per_param_size(o, group.params().size(),
+                            c10::str("ASGD.step: param_groups[", gi, "]"));
     const at::Tensor lr = op_lr(o);
     DeviceCall all;
-    for (const auto& p : group.params()) {
+    std::vector<double> t0s;  // per param of `all`
+    for (const auto k : c10::irange(group.params().size())) {
+      const auto& p = group.params()[k];
       if (!p.grad().defined()) continue;
       const ASGDParamState* st = nullptr;
       auto it = state_.find(p.unsafeGetTensorImpl());
       if (it != state_.end()) {
         st = static_cast<const ASGDParamState*>(it->second.get());
-      } else {  // as Python: step=0, eta=lr, mu=1, ax=zeros_like(p); kept if the step runs
-        auto fresh = std::make_unique<ASGDParamState>();
-        const auto opts = at::TensorOptions().dtype(sdtype).device(p.device());
-        fresh->step(at::zeros({}, opts));
-        fresh->eta(o.has_tensor_lr()
-                       ? o.lr_tensor().detach().to(opts, false, /*copy=*/true).reshape({})
-                       : at::full({}, o.lr(), opts));
-        fresh->mu(at::ones({}, opts));
-        fresh->ax(at::zeros_like(p, at::MemoryFormat::Preserve));
+      } else {  // kept only if the step runs
+        auto fresh = initial_state(p, o);
         st = fresh.get();
         created.emplace_back(p.unsafeGetTensorImpl(), std::move(fresh));
       }
@@ -363,27 +450,42 @@ void ASGD::step_impl(const torch::Tensor* grad_scale, const torch::Tensor* found
       all.mus.push_back(st->mu());
       all.etas.push_back(st->eta());
       all.steps.push_back(st->step());
+      t0s.push_back(o.t0_per_param().empty() ? o.t0() : o.t0_per_param()[k]);
     }
     if (all.params.empty()) continue;
     bool all_fused_devices = true;
     for (const auto& p : all.params) all_fused_devices = all_fused_devices && fused_device(p.device());
     GroupPlan plan{&o, o.fused().value_or(all_fused_devices), lr, {}};
-    // One op call per device (the op itself groups by dtype).
+    // One op call per device and t0, as Python's slot groups (the op itself
+    // groups by dtype).
     for (const auto& [device, idx] : api::index_by_device(all.params)) {
-      DeviceCall c{api::pick(all.params, idx), api::pick(all.grads, idx),
-                   api::pick(all.axs, idx),    api::pick(all.mus, idx),
-                   api::pick(all.etas, idx),   api::pick(all.steps, idx),
-                   std::nullopt,               std::nullopt};
-      if (grad_scale != nullptr) c.grad_scale = grad_scale->to(device, /*non_blocking=*/true);
-      if (found_inf != nullptr) c.found_inf = found_inf->to(device, /*non_blocking=*/true);
-      try {
-        check_asgd_args(c.args(o, lr));
-      } catch (c10::Error& e) {
-        e.add_context(c10::str("ASGD.step: in param_groups[", gi, "] (its tensors on ", device,
-                               "); nothing was changed"));
-        throw;
+      std::vector<std::pair<double, std::vector<size_t>>> by_t0;  // first seen first
+      for (const auto i : idx) {
+        auto slot = std::find_if(by_t0.begin(), by_t0.end(),
+                                 [&](const auto& e) { return e.first == t0s[i]; });
+        if (slot == by_t0.end()) {
+          by_t0.emplace_back(t0s[i], std::vector<size_t>{});
+          slot = by_t0.end() - 1;
+        }
+        slot->second.push_back(i);
       }
-      plan.calls.push_back(std::move(c));
+      for (const auto& [t0, sub] : by_t0) {
+        DeviceCall c{api::pick(all.params, sub), api::pick(all.grads, sub),
+                     api::pick(all.axs, sub),    api::pick(all.mus, sub),
+                     api::pick(all.etas, sub),   api::pick(all.steps, sub),
+                     std::nullopt,               std::nullopt,
+                     t0};
+        if (grad_scale != nullptr) c.grad_scale = grad_scale->to(device, /*non_blocking=*/true);
+        if (found_inf != nullptr) c.found_inf = found_inf->to(device, /*non_blocking=*/true);
+        try {
+          check_asgd_args(c.args(o, lr));
+        } catch (c10::Error& e) {
+          e.add_context(c10::str("ASGD.step: in param_groups[", gi, "] (its tensors on ",
+                                 device, "); nothing was changed"));
+          throw;
+        }
+        plan.calls.push_back(std::move(c));
+      }
     }
     plans.push_back(std::move(plan));
   }
@@ -420,7 +522,15 @@ void ASGD::load(torch::serialize::InputArchive& archive) {
   }
   for (const auto gi : c10::irange(scratch.param_groups_.size())) {
     const auto& g = scratch.param_groups_[gi];
-    static_cast<const ASGDOptions&>(g.options()).validate();
+    const std::string where = c10::str("ASGD.load: param_groups[", gi, "]");
+    const auto& o = static_cast<const ASGDOptions&>(g.options());
+    try {
+      o.validate();
+    } catch (c10::Error& e) {
+      e.add_context(c10::str("in ", where, "; nothing was changed"));
+      throw;
+    }
+    check_t0_per_param_size(o, g.params().size(), where);
     for (const auto pi : c10::irange(g.params().size())) {
       const auto& p = g.params()[pi];
       auto it = scratch.state_.find(p.unsafeGetTensorImpl());

@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
 
+#include <algorithm>
 #include <map>
 #include <utility>
 
@@ -59,26 +60,38 @@ AveragedParameters::~AveragedParameters() {
 AveragedParameters ASGD::averaged_parameters() { return AveragedParameters(*this); }
 
 void ASGD::start_averaging() {
+  // Python's rule (torchext/optim/averaging.py start_averaging): each param's
+  // t0 is its step count - 1 (0 steps without state); the group's t0 is the
+  // most common value (the first one seen on a tie, as Counter.most_common),
+  // t0_per_param holds them all when they differ. Reads the step counts
+  // first (a host read per param), then changes: all or nothing.
   at::NoGradGuard no_grad;
-  // Check every group first, then change: all or nothing.
-  std::vector<double> t0s;
-  for (const auto& group : param_groups_) {
-    std::optional<double> count;
-    for (const auto& p : group.params()) {
+  std::vector<std::vector<double>> t0s(param_groups_.size());
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    for (const auto& p : param_groups_[g].params()) {
       auto it = state_.find(p.unsafeGetTensorImpl());
       const double s = it == state_.end()
                            ? 0.0
                            : static_cast<ASGDParamState&>(*it->second).step().item<double>();
-      TORCH_CHECK(!count.has_value() || *count == s,
-                  "ASGD.start_averaging: the parameters of one group took different numbers "
-                  "of steps (", *count, " and ", s, "); in C++ the restart is one t0 per "
-                  "group: put such parameters in separate groups");
-      count = s;
+      t0s[g].push_back(s - 1.0);
     }
-    t0s.push_back(count.value_or(0.0) - 1.0);
   }
   for (size_t g = 0; g < param_groups_.size(); ++g) {
-    static_cast<ASGDOptions&>(param_groups_[g].options()).t0(t0s[g]);
+    const auto& values = t0s[g];
+    if (values.empty()) continue;
+    double most = values[0];
+    size_t most_count = 0;
+    for (const double v : values) {  // first seen wins a tie: only a larger count replaces
+      const auto n = static_cast<size_t>(std::count(values.begin(), values.end(), v));
+      if (n > most_count) {
+        most = v;
+        most_count = n;
+      }
+    }
+    auto& o = static_cast<ASGDOptions&>(param_groups_[g].options());
+    o.t0(most);
+    const bool same = most_count == values.size();
+    o.t0_per_param(same ? std::vector<double>{} : values);
     for (const auto& p : param_groups_[g].params()) {
       auto it = state_.find(p.unsafeGetTensorImpl());
       if (it != state_.end()) static_cast<ASGDParamState&>(*it->second).mu().fill_(1.0);

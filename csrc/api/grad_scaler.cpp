@@ -11,6 +11,12 @@
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
 
+#ifdef TORCHEXT_WITH_CUDA
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#endif
+
+#include <cmath>
+
 namespace torchext {
 
 const char* version() { return TORCHEXT_VERSION; }
@@ -75,13 +81,28 @@ FoundInf found_infs(std::vector<DeviceGrads>& per_device) {
 }
 
 // The options' rules are update_scale_'s own (checked here on 0-d
-// stand-ins for the state), plus init_scale > 0.
+// stand-ins for the state), plus a finite init_scale > 0 (Python's
+// check_options in torchext/amp/_checkpoint.py: the same rules).
 void validate(const GradScalerOptions& o) {
-  TORCH_CHECK_VALUE(o.init_scale() > 0.0, "GradScaler: init_scale must be > 0, got ",
+  TORCH_CHECK_VALUE(std::isfinite(o.init_scale()) && o.init_scale() > 0.0,
+                    "GradScaler: init_scale (the scale) must be > 0 and finite, got ",
                     o.init_scale());
   const auto f = at::zeros({}, at::kFloat), i = at::zeros({}, at::kInt);
   check_update_scale_args(f, i, i, f, o.growth_factor(), o.backoff_factor(),
                           o.growth_interval(), o.hysteresis(), o.min_scale(), o.max_scale());
+}
+
+// Whether a CUDA graph is being captured on the current stream of `on`'s
+// device (Python's torch.cuda.is_current_stream_capturing()): then no host
+// read may happen and the skip is decided on the device.
+bool capturing(const at::Tensor& on) {
+#ifdef TORCHEXT_WITH_CUDA
+  if (on.is_cuda()) {
+    return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+  }
+#endif
+  (void)on;
+  return false;
 }
 
 }  // namespace
@@ -114,10 +135,6 @@ void GradScaler::check_scale_created(const char* where) const {
               "scaler.scale(loss or outputs) earlier in the iteration.");
 }
 
-GradScaler::PerOptimizer& GradScaler::state_for(torch::optim::Optimizer& optimizer) {
-  return per_optimizer_[&optimizer];
-}
-
 torch::Tensor GradScaler::scale(const torch::Tensor& outputs) {
   if (!options_.enabled()) return outputs;
   TORCH_CHECK(outputs.defined(), "GradScaler.scale: outputs is undefined");
@@ -135,11 +152,12 @@ std::vector<torch::Tensor> GradScaler::scale(const std::vector<torch::Tensor>& o
 void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   if (!options_.enabled()) return;
   check_scale_created("unscale_");
-  auto& st = state_for(optimizer);
-  TORCH_CHECK(st.stage != Stage::kUnscaled,
+  auto found = per_optimizer_.find(&optimizer);
+  const Stage stage = found == per_optimizer_.end() ? Stage::kReady : found->second.stage;
+  TORCH_CHECK(stage != Stage::kUnscaled,
               "GradScaler.unscale_() has already been called on this optimizer since the last "
               "update().");
-  TORCH_CHECK(st.stage != Stage::kStepped, "GradScaler.unscale_() is being called after step().");
+  TORCH_CHECK(stage != Stage::kStepped, "GradScaler.unscale_() is being called after step().");
   at::NoGradGuard no_grad;
   // torch: inv_scale = scale.double().reciprocal().float()
   const auto inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
@@ -153,6 +171,7 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   for (const auto i : c10::irange(per_device.size())) {
     unscale_op().call(per_device[i].grads, per_device[i].found_inf, inv_scales[i]);
   }
+  auto& st = per_optimizer_[&optimizer];  // recorded once the grads are unscaled
   st.found_inf_per_device = found_infs(per_device);
   st.stage = Stage::kUnscaled;
 }
@@ -168,16 +187,16 @@ torch::Tensor GradScaler::combined_found_inf(const PerOptimizer& s) const {
 torch::Tensor GradScaler::step(torch::optim::Optimizer& optimizer) {
   if (!options_.enabled()) return optimizer.step();
   check_scale_created("step");
-  auto& st = state_for(optimizer);
-  TORCH_CHECK(st.stage != Stage::kStepped,
+  // This iteration's record, copied: a step that throws leaves the scaler's
+  // records as they were.
+  auto found = per_optimizer_.find(&optimizer);
+  PerOptimizer next = found == per_optimizer_.end() ? PerOptimizer{} : found->second;
+  TORCH_CHECK(next.stage != Stage::kStepped,
               "GradScaler.step() has already been called since the last update().");
-  if (auto* asgd = dynamic_cast<torchext::optim::ASGD*>(&optimizer)) {
-    // Sync-free: read-only check, then the fused op unscales on the fly and
-    // skips on the device.
-    // The scaler's own state changes only once the step went through (ASGD
-    // checks all its groups before writing anything).
-    const bool unscaled = st.stage == Stage::kUnscaled;
-    PerOptimizer next = st;
+  if (auto* fused = dynamic_cast<FusedAmpStep*>(&optimizer)) {
+    // The fused step (fused_step.h, Python's protocol.py): a read-only check
+    // unless unscale_() checked already, then the optimizer unscales on the fly.
+    const bool unscaled = next.stage == Stage::kUnscaled;
     if (!unscaled) {
       at::NoGradGuard no_grad;
       auto per_device = grads_by_device(optimizer);
@@ -185,19 +204,30 @@ torch::Tensor GradScaler::step(torch::optim::Optimizer& optimizer) {
       for (auto& d : per_device) check_finite_op().call(d.grads, d.found_inf);
       next.found_inf_per_device = found_infs(per_device);
     }
-    asgd->step_with_amp(unscaled ? torch::Tensor() : scale_, combined_found_inf(next));
-    st = std::move(next);
-    st.stage = Stage::kStepped;
-    return torch::Tensor();
+    TORCH_CHECK(!next.found_inf_per_device.empty(),
+                "GradScaler.step: no inf checks were recorded for this optimizer (no parameter "
+                "has a gradient).");
+    const auto found_inf = combined_found_inf(next);
+    const bool device_skip = fused->amp_step_must_not_sync() || capturing(scale_);
+    torch::Tensor ret;
+    // Not called on an overflow (one host read), unless no host read may happen.
+    if (device_skip || found_inf.item<double>() == 0.0) {
+      ret = fused->step_with_amp(unscaled ? torch::Tensor() : scale_,
+                                 device_skip ? found_inf : torch::Tensor());
+    }
+    next.stage = Stage::kStepped;
+    per_optimizer_[&optimizer] = std::move(next);
+    return ret;
   }
-  if (st.stage == Stage::kReady) unscale_(optimizer);
+  if (next.stage == Stage::kReady) unscale_(optimizer);
+  auto& st = per_optimizer_.at(&optimizer);
   TORCH_CHECK(!st.found_inf_per_device.empty(),
               "GradScaler.step: no inf checks were recorded for this optimizer (no parameter "
               "has a gradient).");
-  double found = 0.0;
-  for (const auto& [device, f] : st.found_inf_per_device) found += f.item<double>();
+  double found_sum = 0.0;
+  for (const auto& [device, f] : st.found_inf_per_device) found_sum += f.item<double>();
   torch::Tensor ret;
-  if (found == 0.0) ret = optimizer.step();
+  if (found_sum == 0.0) ret = optimizer.step();
   st.stage = Stage::kStepped;
   return ret;
 }
@@ -276,6 +306,8 @@ void GradScaler::save(torch::serialize::OutputArchive& archive) const {
 }
 
 void GradScaler::load(torch::serialize::InputArchive& archive) {
+  // The rules of load_state_dict (Python's parse_state_dict), on the
+  // archive's tensors and values; all checked before anything changes.
   if (!options_.enabled()) return;
   c10::IValue enabled;
   TORCH_CHECK(archive.try_read("enabled", enabled) && enabled.isBool(),
@@ -283,36 +315,63 @@ void GradScaler::load(torch::serialize::InputArchive& archive) {
   TORCH_CHECK_VALUE(enabled.toBool(),
                     "GradScaler.load: the checkpoint was saved from a disabled GradScaler, it "
                     "holds no state.");
-  // Read everything, check it, then assign.
   torch::Tensor scale, growth, hyst, skipped;
-  auto read_tensor = [&](const char* key, torch::Tensor& out, at::ScalarType dtype) {
+  auto read_tensor = [&](const char* key, torch::Tensor& out, at::ScalarType dtype, double lo) {
     c10::IValue v;
     TORCH_CHECK_VALUE(archive.try_read(key, v) && v.isTensor(), "GradScaler.load: '", key,
                       "' is missing or not a tensor");
     out = v.toTensor();
-    TORCH_CHECK_VALUE(out.numel() == 1 && out.scalar_type() == dtype, "GradScaler.load: '", key,
-                      "' must be a 1-element ", dtype, " tensor, got ", out.scalar_type(),
-                      " of shape ", out.sizes());
+    TORCH_CHECK_VALUE(out.numel() == 1 && out.scalar_type() == dtype &&
+                          out.layout() == at::kStrided,
+                      "GradScaler.load: '", key, "' must be a 1-element ", dtype,
+                      " tensor, got ", out.scalar_type(), " of shape ", out.sizes());
     out = out.reshape({});
+    const double value = out.item<double>();
+    TORCH_CHECK_VALUE(std::isfinite(value) && value >= lo, "GradScaler.load: '", key,
+                      "' must be finite and >= ", lo, ", got ", value);
   };
-  read_tensor("scale", scale, at::kFloat);
-  read_tensor("_growth_tracker", growth, at::kInt);
-  read_tensor("_hysteresis_tracker", hyst, at::kInt);
-  read_tensor("_skipped_steps", skipped, at::kLong);
+  read_tensor("scale", scale, at::kFloat, 0.0);
+  read_tensor("_growth_tracker", growth, at::kInt, 0.0);
+  read_tensor("_hysteresis_tracker", hyst, at::kInt, 0.0);
+  read_tensor("_skipped_steps", skipped, at::kLong, 0.0);
   auto read_value = [&](const char* key) {
     c10::IValue v;
     TORCH_CHECK_VALUE(archive.try_read(key, v), "GradScaler.load: '", key, "' is missing");
     return v;
   };
+  auto read_double = [&](const char* key) {
+    const auto v = read_value(key);
+    TORCH_CHECK_VALUE(v.isDouble(), "GradScaler.load: '", key, "' must be a float, got ",
+                      v.tagKind());
+    return v.toDouble();
+  };
+  auto read_int = [&](const char* key) {
+    const auto v = read_value(key);
+    TORCH_CHECK_VALUE(v.isInt(), "GradScaler.load: '", key, "' must be an int, got ",
+                      v.tagKind());
+    return v.toInt();
+  };
+  auto read_optional = [&](const char* key) -> std::optional<double> {
+    const auto v = read_value(key);
+    TORCH_CHECK_VALUE(v.isNone() || v.isDouble(), "GradScaler.load: '", key,
+                      "' must be a float or None, got ", v.tagKind());
+    return v.toOptional<double>();
+  };
   GradScalerOptions o = options_;
-  o.growth_factor(read_value("growth_factor").toDouble());
-  o.backoff_factor(read_value("backoff_factor").toDouble());
-  o.growth_interval(read_value("growth_interval").toInt());
-  o.hysteresis(read_value("hysteresis").toInt());
-  o.min_scale(read_value("min_scale").toOptional<double>());
-  o.max_scale(read_value("max_scale").toOptional<double>());
-  validate(o);
-  TORCH_CHECK_VALUE(scale.item<float>() > 0.0f, "GradScaler.load: 'scale' must be > 0");
+  o.growth_factor(read_double("growth_factor"));
+  o.backoff_factor(read_double("backoff_factor"));
+  o.growth_interval(read_int("growth_interval"));
+  o.hysteresis(read_int("hysteresis"));
+  o.min_scale(read_optional("min_scale"));
+  o.max_scale(read_optional("max_scale"));
+  try {
+    validate(GradScalerOptions(o).init_scale(scale.item<double>()));
+  } catch (c10::Error& e) {
+    e.add_context("in GradScaler.load (its 'scale' is checked as the init_scale)");
+    throw;
+  }
+  TORCH_CHECK_VALUE(hyst.item<int>() <= o.hysteresis(), "GradScaler.load: '_hysteresis_tracker' (",
+                    hyst.item<int>(), ") must be <= hysteresis (", o.hysteresis(), ")");
 
   options_ = o;
   if (scale_.defined()) {  // keep the device the state lives on

@@ -13,7 +13,9 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 
+#include <cmath>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <unordered_map>
@@ -84,20 +86,30 @@ const c10::IValue& get(const GenericDict& d, const std::string& key, const std::
   return *v;
 }
 
-// A Python int or float (or a 1-element tensor), as a double.
+// A Python int or float (not a bool), or a 1-element real strided tensor, as
+// a double: Python's _number (torchext/optim/_checkpoint.py).
 double number(const c10::IValue& v, const std::string& where) {
   if (v.isDouble()) return v.toDouble();
   if (v.isInt()) return static_cast<double>(v.toInt());
-  if (v.isBool()) return v.toBool() ? 1.0 : 0.0;
-  TORCH_CHECK_VALUE(v.isTensor() && v.toTensor().numel() == 1, where,
-                    " must be a number, got ", v.tagKind());
-  return v.toTensor().item<double>();
+  if (v.isTensor()) {
+    const auto& t = v.toTensor();
+    TORCH_CHECK_VALUE(t.numel() == 1 && !at::isComplexType(t.scalar_type()) &&
+                          t.scalar_type() != at::kBool && t.layout() == at::kStrided,
+                      where, " must be a number, got a ", t.scalar_type(), " ", t.layout(),
+                      " tensor of shape ", t.sizes());
+    return t.item<double>();
+  }
+  TORCH_CHECK_VALUE(false, where, " must be a number, got ", v.tagKind());
 }
 
-bool flag(const GenericDict& d, const std::string& key, const std::string& where, bool dflt) {
+// A flag: a bool (absent: dflt); with allow_none (foreach, fused), None too.
+std::optional<bool> flag(const GenericDict& d, const std::string& key, const std::string& where,
+                         std::optional<bool> dflt, bool allow_none) {
   const auto* v = find(d, key);
-  if (v == nullptr || v->isNone()) return dflt;
-  TORCH_CHECK_VALUE(v->isBool(), where, "['", key, "'] must be a bool, got ", v->tagKind());
+  if (v == nullptr) return dflt;
+  if (allow_none && v->isNone()) return std::nullopt;
+  TORCH_CHECK_VALUE(v->isBool(), where, "['", key, "'] must be a bool", allow_none ? " or None" : "",
+                    ", got ", v->tagKind());
   return v->toBool();
 }
 
@@ -105,58 +117,97 @@ at::Tensor cpu_copy(const at::Tensor& t) { return t.detach().to(at::kCPU, false,
 
 // ---- ASGD ------------------------------------------------------------------
 
-// Options of a saved group: Python's keys (torch.optim.ASGD or torchext).
+// One option through the asgd_ op's rules (ASGDOptions::validate), alone, so
+// that a refusal names the key.
+void check_option(const std::string& where, const char* key,
+                  const std::function<void(ASGDOptions&)>& set) {
+  ASGDOptions probe;  // the defaults pass
+  set(probe);
+  try {
+    probe.validate();
+  } catch (c10::Error& e) {
+    e.add_context(c10::str("in ", where, "['", key, "']"));
+    throw;
+  }
+}
+
+// Options of a saved group: Python's keys (torch.optim.ASGD or torchext),
+// with the rules of Python's _check_group (torchext/optim/_checkpoint.py).
 ASGDOptions group_options(const GenericDict& g, const std::string& where,
                           const torch::optim::OptimizerParamGroup& current) {
+  for (const char* key : {"lr", "lambd", "alpha", "t0", "weight_decay"}) get(g, key, where);
   ASGDOptions o;
   const auto& lr = get(g, "lr", where);
   if (lr.isTensor()) {
     const auto& t = lr.toTensor();
-    TORCH_CHECK_VALUE(t.numel() == 1 && at::isFloatingType(t.scalar_type()), where,
-                      "['lr'] must be a number or a 1-element floating tensor, got shape ",
-                      t.sizes(), " ", t.scalar_type());
+    TORCH_CHECK_VALUE(t.numel() == 1 && at::isFloatingType(t.scalar_type()) &&
+                          t.layout() == at::kStrided,
+                      where, "['lr'] must be a number or a 1-element floating tensor, got shape ",
+                      t.sizes(), " ", t.scalar_type(), " ", t.layout());
     const auto device = current.params().empty() ? c10::Device(at::kCPU)
                                                  : current.params()[0].device();
-    o.lr(t.detach().to(device, t.scalar_type(), false, /*copy=*/true).reshape({}));
+    auto value = t.detach().to(device, t.scalar_type(), false, /*copy=*/true).reshape({});
+    check_option(where, "lr", [&](ASGDOptions& x) { x.lr(value); });
+    o.lr(value);
   } else {
-    o.lr(number(lr, where + "['lr']"));
+    const double v = number(lr, where + "['lr']");
+    check_option(where, "lr", [&](ASGDOptions& x) { x.lr(v); });
+    o.lr(v);
   }
-  o.lambd(number(get(g, "lambd", where), where + "['lambd']"));
-  o.alpha(number(get(g, "alpha", where), where + "['alpha']"));
-  o.t0(number(get(g, "t0", where), where + "['t0']"));
-  o.weight_decay(number(get(g, "weight_decay", where), where + "['weight_decay']"));
-  o.maximize(flag(g, "maximize", where, false));
-  o.capturable(flag(g, "capturable", where, false));
-  const auto* fused = find(g, "fused");
-  if (fused != nullptr && !fused->isNone()) o.fused(flag(g, "fused", where, false));
-  try {
-    o.validate();
-  } catch (c10::Error& e) {
-    e.add_context(c10::str("in ", where));
-    throw;
+  const double lambd = number(get(g, "lambd", where), where + "['lambd']");
+  check_option(where, "lambd", [&](ASGDOptions& x) { x.lambd(lambd); });
+  const double alpha = number(get(g, "alpha", where), where + "['alpha']");
+  check_option(where, "alpha", [&](ASGDOptions& x) { x.alpha(alpha); });
+  const double t0 = number(get(g, "t0", where), where + "['t0']");
+  check_option(where, "t0", [&](ASGDOptions& x) { x.t0(t0); });
+  const double wd = number(get(g, "weight_decay", where), where + "['weight_decay']");
+  check_option(where, "weight_decay", [&](ASGDOptions& x) { x.weight_decay(wd); });
+  o.lambd(lambd).alpha(alpha).t0(t0).weight_decay(wd);
+  o.maximize(*flag(g, "maximize", where, false, false));
+  o.capturable(*flag(g, "capturable", where, false, false));
+  const bool differentiable = *flag(g, "differentiable", where, false, false);
+  flag(g, "foreach", where, std::nullopt, true);  // checked, not used in C++
+  o.fused(flag(g, "fused", where, std::nullopt, true));
+  TORCH_CHECK_VALUE(!(o.fused().value_or(false) && differentiable), where,
+                    ": 'fused' and 'differentiable' cannot both be True");
+  const auto* t0s = find(g, "t0_per_param");
+  if (t0s != nullptr && !t0s->isNone()) {
+    const std::string w = where + "['t0_per_param']";
+    TORCH_CHECK_VALUE(t0s->isList(), w, " must be a list of one number per param, got ",
+                      t0s->tagKind());
+    std::vector<double> values;
+    for (const c10::IValue v : t0s->toList()) {
+      values.push_back(number(v, c10::str(w, "[", values.size(), "]")));
+    }
+    check_option(where, "t0_per_param", [&](ASGDOptions& x) { x.t0_per_param(values); });
+    o.t0_per_param(values);
   }
   return o;
 }
 
 // One entry of Python's state: step/eta/mu are tensors or, in old
-// checkpoints, Python numbers.
+// checkpoints, Python numbers. The rules of Python's _check_entry.
 std::unique_ptr<ASGDParamState> param_state(const c10::IValue& v, const std::string& where,
                                             const at::Tensor& p) {
   TORCH_CHECK_VALUE(v.isGenericDict(), where, " must be a dict, got ", v.tagKind());
   const auto d = v.toGenericDict();
-  auto tensor = [&](const char* key) {
+  for (const char* key : {"step", "eta", "mu", "ax"}) {
+    TORCH_CHECK_VALUE(find(d, key) != nullptr, where, " lacks '", key,
+                      "' (an ASGD state has step, eta, mu and ax)");
+  }
+  const auto& ax = get(d, "ax", where);
+  TORCH_CHECK_VALUE(ax.isTensor(), where, "['ax'] must be a tensor, got ", ax.tagKind());
+  auto scalar = [&](const char* key) {
     const auto& x = get(d, key, where);
     if (x.isTensor()) return x.toTensor();
     return at::full({}, number(x, c10::str(where, "['", key, "']")),
                     optim::scalar_state_dtype());
   };
-  const auto& ax = get(d, "ax", where);
-  TORCH_CHECK_VALUE(ax.isTensor(), where, "['ax'] must be a tensor, got ", ax.tagKind());
   auto st = std::make_unique<ASGDParamState>();
   st->ax(ax.toTensor());
-  st->step(tensor("step"));
-  st->eta(tensor("eta"));
-  st->mu(tensor("mu"));
+  st->step(scalar("step"));
+  st->eta(scalar("eta"));
+  st->mu(scalar("mu"));
   optim::adopt_loaded_state(*st, p, where);
   return st;
 }
@@ -180,6 +231,11 @@ void save_state_dict(const ASGD& optimizer, const std::string& path) {
     g.insert("differentiable", false);
     g.insert("capturable", o.capturable());
     g.insert("fused", o.fused().has_value() ? c10::IValue(*o.fused()) : c10::IValue());
+    if (!o.t0_per_param().empty()) {  // Python's key (start_averaging)
+      c10::impl::GenericList t0s(c10::AnyType::get());
+      for (const double t : o.t0_per_param()) t0s.push_back(t);
+      g.insert("t0_per_param", t0s);
+    }
     c10::impl::GenericList ids(c10::AnyType::get());
     for (const auto& p : group.params()) {
       const int64_t id = next_id++;
@@ -204,14 +260,18 @@ void save_state_dict(const ASGD& optimizer, const std::string& path) {
 }
 
 void load_state_dict(ASGD& optimizer, const std::string& path) {
+  // The rules of Python's validate_state_dict (torchext/optim/_checkpoint.py),
+  // all checked before anything changes.
   const char* what = "torchext::load_state_dict(ASGD)";
   const auto root = read_dict(path, what);
   const std::string file = c10::str(what, ": '", path, "'");
-  const auto& groups_v = get(root, "param_groups", file);
-  const auto& state_v = get(root, "state", file);
-  TORCH_CHECK_VALUE(groups_v.isList() && state_v.isGenericDict(), file,
-                    ": 'param_groups' must be a list and 'state' a dict");
-  const auto saved_groups = groups_v.toList();
+  const auto* groups_v = find(root, "param_groups");
+  const auto* state_v = find(root, "state");
+  TORCH_CHECK_VALUE(state_v != nullptr && state_v->isGenericDict(), file,
+                    " must have a 'state' dict");
+  TORCH_CHECK_VALUE(groups_v != nullptr && groups_v->isList(), file,
+                    " must have a 'param_groups' list");
+  const auto saved_groups = groups_v->toList();
   auto& groups = optimizer.param_groups();
   TORCH_CHECK_VALUE(saved_groups.size() == groups.size(), file, " has ", saved_groups.size(),
                     " parameter groups but the optimizer has ", groups.size());
@@ -221,23 +281,28 @@ void load_state_dict(ASGD& optimizer, const std::string& path) {
   for (const auto gi : c10::irange(saved_groups.size())) {
     const std::string where = c10::str(file, " param_groups[", gi, "]");
     const c10::IValue sg_v = saved_groups.get(gi);
-    TORCH_CHECK_VALUE(sg_v.isGenericDict(), where, " must be a dict");
+    TORCH_CHECK_VALUE(sg_v.isGenericDict(), where, " must be a dict with a 'params' list, got ",
+                      sg_v.tagKind());
     const auto sg = sg_v.toGenericDict();
-    const auto& ids_v = get(sg, "params", where);
-    TORCH_CHECK_VALUE(ids_v.isList(), where, "['params'] must be a list");
-    const auto ids = ids_v.toList();
+    const auto* ids_v = find(sg, "params");
+    TORCH_CHECK_VALUE(ids_v != nullptr && ids_v->isList(), where,
+                      " must be a dict with a 'params' list");
+    const auto ids = ids_v->toList();
     const auto& params = groups[gi].params();
-    TORCH_CHECK_VALUE(ids.size() == params.size(), where, " has ", ids.size(),
-                      " parameters but the optimizer's group has ", params.size());
-    options.push_back(group_options(sg, where, groups[gi]));
+    TORCH_CHECK_VALUE(ids.size() == params.size(), where, "['params'] has ", ids.size(),
+                      " ids but the optimizer's group has ", params.size(), " params");
     for (const auto k : c10::irange(ids.size())) {
       const c10::IValue id = ids.get(k);
-      TORCH_CHECK_VALUE(id.isInt(), where, "['params'][", k, "] must be an int");
-      id_to_param[id.toInt()] = params[k];
+      TORCH_CHECK_VALUE(id.isInt(), where, "['params'][", k, "] must be an int, got ",
+                        id.tagKind());
+      TORCH_CHECK_VALUE(id_to_param.emplace(id.toInt(), params[k]).second, where,
+                        "['params'][", k, "]: id ", id.toInt(), " appears twice");
     }
+    options.push_back(group_options(sg, where, groups[gi]));
+    optim::check_t0_per_param_size(options.back(), params.size(), where);
   }
   std::vector<std::pair<void*, std::unique_ptr<ASGDParamState>>> states;
-  for (const auto& kv : state_v.toGenericDict()) {
+  for (const auto& kv : state_v->toGenericDict()) {
     if (!kv.key().isInt()) continue;  // Python keeps unknown keys aside too
     auto it = id_to_param.find(kv.key().toInt());
     if (it == id_to_param.end()) continue;
@@ -265,9 +330,6 @@ void load_state_dict(amp::GradScaler& scaler, const std::string& path) {
 
 namespace amp {
 
-// Version of the torchext keys (torchext/amp/grad_scaler.py's STATE_DICT_VERSION).
-constexpr int64_t kStateDictVersion = 1;
-
 c10::impl::GenericDict GradScaler::state_dict() const {
   auto d = str_dict();
   if (!options_.enabled()) return d;  // empty, as torch
@@ -288,40 +350,68 @@ c10::impl::GenericDict GradScaler::state_dict() const {
 }
 
 void GradScaler::load_state_dict(const c10::impl::GenericDict& sd) {
+  // The rules of Python's parse_state_dict (torchext/amp/_checkpoint.py),
+  // all checked before anything changes.
   if (!options_.enabled()) return;
   const std::string where = "GradScaler.load_state_dict: the state_dict";
   TORCH_CHECK(sd.size() != 0,
               "GradScaler.load_state_dict: the source state dict is empty, possibly because it "
               "was saved from a disabled instance of GradScaler.");
-  const auto num = [&](const char* key) { return number(get(sd, key, where), key); };
-  const auto integer = [&](const char* key) {
+  for (const char* key : {"scale", "growth_factor", "backoff_factor", "growth_interval",
+                          "_growth_tracker"}) {
+    get(sd, key, where);
+  }
+  const auto* version_v = find(sd, "_torchext_version");
+  int64_t version = 0;
+  if (version_v != nullptr) {
+    TORCH_CHECK_VALUE(version_v->isInt() && version_v->toInt() >= 0, where,
+                      "['_torchext_version'] must be an int >= 0, got ", version_v->tagKind(),
+                      version_v->isInt() ? c10::str(" ", version_v->toInt()) : std::string());
+    version = version_v->toInt();
+  }
+  TORCH_CHECK_VALUE(version <= kStateDictVersion, where, "['_torchext_version'] is ", version,
+                    ", newer than this torchext understands (", kStateDictVersion,
+                    "); upgrade torchext.");
+  const auto num = [&](const char* key) {
+    const double v = number(get(sd, key, where), c10::str(where, "['", key, "']"));
+    TORCH_CHECK_VALUE(!std::isnan(v), where, "['", key, "'] must be a number, got nan");
+    return v;
+  };
+  const auto integer = [&](const char* key, int64_t lo) {
     const double v = num(key);
-    TORCH_CHECK_VALUE(v == static_cast<double>(static_cast<int64_t>(v)), where, "['", key,
-                      "'] must be an integer, got ", v);
+    TORCH_CHECK_VALUE(std::isfinite(v) && v == std::trunc(v) && v >= static_cast<double>(lo),
+                      where, "['", key, "'] must be an integer >= ", lo, ", got ", v);
     return static_cast<int64_t>(v);
   };
-  const auto* version_v = find(sd, "_torchext_version");
-  const int64_t version = version_v == nullptr ? 0 : static_cast<int64_t>(number(*version_v, "_torchext_version"));
-  TORCH_CHECK_VALUE(version <= kStateDictVersion, "GradScaler.load_state_dict: state_dict version ",
-                    version, " is newer than this torchext understands (", kStateDictVersion,
-                    "); upgrade torchext.");
   GradScalerOptions o = options_;
   const double scale = num("scale");
   o.growth_factor(num("growth_factor"));
   o.backoff_factor(num("backoff_factor"));
-  o.growth_interval(integer("growth_interval"));
-  const int64_t growth = integer("_growth_tracker");
+  o.growth_interval(integer("growth_interval", 1));
+  const int64_t growth = integer("_growth_tracker", 0);
   int64_t hyst_tracker = options_.hysteresis(), skipped = 0;
   if (version >= 1) {
-    o.hysteresis(integer("hysteresis"));
-    hyst_tracker = integer("_hysteresis_tracker");
+    for (const char* key : {"hysteresis", "_hysteresis_tracker", "min_scale", "max_scale",
+                            "skipped_steps"}) {
+      TORCH_CHECK_VALUE(find(sd, key) != nullptr, where, " (torchext version ", version,
+                        ") is missing '", key, "'");
+    }
+    o.hysteresis(integer("hysteresis", 1));
+    hyst_tracker = integer("_hysteresis_tracker", 0);
     const double lo = num("min_scale"), hi = num("max_scale");
     o.min_scale(lo == 0.0 ? std::nullopt : std::optional<double>(lo));
     o.max_scale(hi == std::numeric_limits<double>::infinity() ? std::nullopt
                                                                : std::optional<double>(hi));
-    skipped = integer("skipped_steps");
+    skipped = integer("skipped_steps", 0);
+    TORCH_CHECK_VALUE(hyst_tracker <= o.hysteresis(), where, "['_hysteresis_tracker'] (",
+                      hyst_tracker, ") must be <= hysteresis (", o.hysteresis(), ")");
   }
-  GradScaler check(GradScalerOptions(o).init_scale(scale));  // validates every option
+  try {
+    GradScaler check(GradScalerOptions(o).init_scale(scale));  // the constructor's rules
+  } catch (c10::Error& e) {
+    e.add_context(c10::str("in ", where));
+    throw;
+  }
   options_ = o;
   if (!scale_.defined()) {  // no state yet: create it on the CPU, movable by scale()
     ensure_state(at::kCPU);

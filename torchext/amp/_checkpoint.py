@@ -13,8 +13,21 @@ from torch import Tensor
 
 __all__ = ["STATE_DICT_VERSION", "TORCH_KEYS", "check_options", "parse_state_dict"]
 
-#: Version of torchext's extra keys (csrc/api/state_dict.cpp reads the same).
-STATE_DICT_VERSION = 1
+
+def _library_version() -> int:
+    """The version's one home is the C++ library
+    (csrc/include/torchext/amp/state_dict_version.h): read from it, as
+    torchext.cpu_isa() reads the ISA."""
+    import ctypes
+
+    from .. import library_path
+    fn = ctypes.CDLL(library_path).torchext_scaler_state_dict_version
+    fn.restype = ctypes.c_int64
+    return int(fn())
+
+
+#: Version of torchext's extra keys, the C++ GradScaler's too.
+STATE_DICT_VERSION = _library_version()
 #: torch.amp.GradScaler.state_dict()'s keys, first in ours.
 TORCH_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
 
@@ -72,8 +85,9 @@ def parse_state_dict(sd: Any) -> dict[str, Any]:
         raise ValueError(f"{where}['_torchext_version'] must be an int >= 0, got {version!r}")
     if version > STATE_DICT_VERSION:
         raise RuntimeError(
-            f"GradScaler state_dict version {version} is newer than this torchext "
-            f"understands ({STATE_DICT_VERSION}); upgrade torchext.")
+            f"{where}['_torchext_version'] is {version}: GradScaler state_dict version "
+            f"{version} is newer than this torchext understands ({STATE_DICT_VERSION}); "
+            f"upgrade torchext.")
     out: dict[str, Any] = {"version": int(version)}
     out["scale"] = _number(sd, "scale", where)
     out["growth_factor"] = _number(sd, "growth_factor", where)

@@ -58,20 +58,35 @@ def check_hyperparams(h: dict[str, Any], where: str | None) -> None:
 
 
 def _saved_id_to_param(opt, state_dict) -> dict[Any, Tensor]:
-    saved_groups = state_dict.get("param_groups") if isinstance(state_dict, dict) else None
-    if not isinstance(saved_groups, list) or not isinstance(state_dict.get("state"), dict):
-        raise ValueError("loaded state dict must have a 'state' dict and a 'param_groups' list")
+    if not isinstance(state_dict, dict):
+        raise ValueError(f"loaded state dict must be a dict, got {type(state_dict).__name__}")
+    if not isinstance(state_dict.get("state"), dict):
+        raise ValueError("loaded state dict must have a 'state' dict")
+    saved_groups = state_dict.get("param_groups")
+    if not isinstance(saved_groups, list):
+        raise ValueError("loaded state dict must have a 'param_groups' list")
     if len(opt.param_groups) != len(saved_groups):
-        raise ValueError("loaded state dict has a different number of parameter groups")
+        raise ValueError(f"loaded state dict has a different number of parameter groups "
+                         f"({len(saved_groups)}) than the optimizer ({len(opt.param_groups)})")
     id_to_param = {}
-    for g, sg in zip(opt.param_groups, saved_groups):
+    for gi, (g, sg) in enumerate(zip(opt.param_groups, saved_groups)):
+        where = f"loaded state dict: param_groups[{gi}]"
         if not isinstance(sg, dict) or not isinstance(sg.get("params"), list):
-            raise ValueError("loaded state dict: each param group must be a dict with a "
-                             "'params' list")
-        if len(g["params"]) != len(sg["params"]):
-            raise ValueError("loaded state dict contains a parameter group that doesn't "
-                             "match the size of optimizer's group")
-        id_to_param.update(zip(sg["params"], g["params"]))
+            raise ValueError(f"{where} must be a dict with a 'params' list")
+        ids = sg["params"]
+        if len(g["params"]) != len(ids):
+            raise ValueError(f"{where}['params'] has {len(ids)} ids but the optimizer's group "
+                             f"has {len(g['params'])} params (the group doesn't match the size "
+                             "of optimizer's group)")
+        for k, pid in enumerate(ids):
+            # torch.optim writes ints, torch.distributed.checkpoint parameter
+            # names; a duplicate would leave a param without its state.
+            if not isinstance(pid, (int, str)) or isinstance(pid, bool):
+                raise ValueError(f"{where}['params'][{k}] must be an int (or a parameter "
+                                 f"name), got {pid!r}")
+            if pid in id_to_param:
+                raise ValueError(f"{where}['params'][{k}]: id {pid} appears twice")
+            id_to_param[pid] = g["params"][k]
     return id_to_param
 
 
@@ -112,21 +127,27 @@ def _check_entry(pid: Any, st: Any, p: Tensor) -> list[tuple[str, Tensor | float
     if ax.layout != torch.strided:
         raise ValueError(f"{where}['ax'] must be a strided (dense) tensor, got {ax.layout}")
     if tuple(ax.shape) != tuple(p.shape):
-        raise ValueError(f"loaded state dict: 'ax' of parameter {pid} has shape "
+        raise ValueError(f"{where}: 'ax' of parameter {pid} has shape "
                          f"{tuple(ax.shape)} but the parameter has shape {tuple(p.shape)}")
     if not (ax.is_floating_point() or ax.is_complex()) or ax.is_complex() != p.is_complex():
         raise ValueError(f"{where}['ax'] has dtype {ax.dtype} but the parameter has dtype "
                          f"{p.dtype}")
+    if ax.is_meta and not _dtensor.to_local(p).is_meta:
+        raise ValueError(f"{where}['ax'] is on meta (it holds no values) but the parameter is "
+                         f"on {_dtensor.to_local(p).device}")
     out = []
     for key in SCALAR_KEYS:
         v = st[key]
         if isinstance(v, Tensor):
             if v.numel() != 1:
-                raise ValueError(f"loaded state dict: '{key}' of parameter {pid} must hold "
+                raise ValueError(f"{where}: '{key}' of parameter {pid} must hold "
                                  f"one element, got shape {tuple(v.shape)}")
             if v.is_complex() or v.dtype == torch.bool or v.layout != torch.strided:
                 raise ValueError(f"{where}['{key}'] must be one real number, got {v.dtype} "
                                  f"{v.layout}")
+            if v.is_meta and not _dtensor.to_local(p).is_meta:
+                raise ValueError(f"{where}['{key}'] is on meta (it holds no value) but the "
+                                 f"parameter is on {_dtensor.to_local(p).device}")
         elif _number(v) is None:
             raise ValueError(f"{where}['{key}'] must be a number or a 1-element tensor, "
                              f"got {v!r}")

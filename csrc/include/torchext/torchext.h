@@ -18,11 +18,18 @@ namespace torchext {
 // weights_only=True) and load it into torchext.optim.ASGD / torch.optim.ASGD,
 // or torchext.amp.GradScaler / torch.amp.GradScaler); load_state_dict reads
 // such a file (from either class, old float step/eta/mu included), matching
-// parameters by position as Python does. load_state_dict validates the whole
-// file first (group count and sizes, shapes, dtypes, element counts) and
-// changes nothing when it does not fit; it throws c10::Error naming what does
-// not fit, also for a truncated or corrupt file. State tensors are written
-// on the CPU and loaded onto each parameter's device.
+// parameters by position as Python does; a group's t0_per_param (Python's
+// start_averaging) is written and followed. load_state_dict applies Python's
+// rules to the whole file before anything changes (structure, group count
+// and sizes, unique int parameter ids, every hyperparameter with the
+// constructor's rules, every state entry's keys, shape, dtype, layout and
+// device against its parameter, finite non-negative step/eta/mu; the
+// scaler's finite scale > 0 and its options with the constructor's rules,
+// the format version) and throws c10::Error naming the entry
+// ("param_groups[1]['lr']", "state[2]['ax']"), also for a truncated or
+// corrupt file, leaving the object exactly as it was. Unknown extra keys are
+// allowed, as in Python. State tensors are written on the CPU and loaded
+// onto each parameter's device.
 TORCHEXT_API void save_state_dict(const optim::ASGD& optimizer, const std::string& path);
 TORCHEXT_API void load_state_dict(optim::ASGD& optimizer, const std::string& path);
 TORCHEXT_API void save_state_dict(const amp::GradScaler& scaler, const std::string& path);

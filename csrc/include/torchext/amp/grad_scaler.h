@@ -8,13 +8,19 @@
 //
 // All the state lives in device tensors on the device of the first scaled
 // output: scale (0-d float32), growth tracker and hysteresis tracker (0-d
-// int32). Stepping a torchext::optim::ASGD is sync-free (the op unscales on
-// the fly and skips on the device); any other optimizer is unscaled in place,
-// then found_inf is read on the host and optimizer.step() runs only when the
-// gradients are finite (torch's rule for such optimizers).
+// int32). How an optimizer is stepped is the protocol of
+// torchext/amp/fused_step.h (Python: torchext/amp/protocol.py): an optimizer
+// implementing FusedAmpStep (torchext::optim::ASGD) gets a read-only check
+// and a step that unscales on the fly; any other optimizer is unscaled in
+// place. Either way found_inf is read on the host once and the step is not
+// called on an overflow, unless the optimizer says no host read may happen
+// (FusedAmpStep::amp_step_must_not_sync(): ASGD with capturable=true in every
+// group) or a CUDA graph is being captured: then it is always called and
+// skips on the device.
 #pragma once
 
-#include <torchext/optim/asgd.h>
+#include <torchext/amp/fused_step.h>
+#include <torchext/amp/state_dict_version.h>
 
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
@@ -64,9 +70,11 @@ class TORCHEXT_API GradScaler {
   // once per optimizer between update()s, and not after step().
   void unscale_(torch::optim::Optimizer& optimizer);
 
-  // Steps the optimizer unless the gradients overflowed. Returns what
-  // optimizer.step() returned, or an undefined tensor when the step was
-  // skipped on the host or run through the fused ASGD path.
+  // Steps the optimizer unless the gradients overflowed (fused_step.h).
+  // Returns what the optimizer's step (step() or step_with_amp()) returned,
+  // or an undefined tensor when it was not called (an overflow, read on the
+  // host). All or nothing: when the optimizer's step throws, the scaler's
+  // records for it are as they were.
   torch::Tensor step(torch::optim::Optimizer& optimizer);
 
   // Updates the scale from the found_inf of every optimizer stepped (or
@@ -116,7 +124,6 @@ class TORCHEXT_API GradScaler {
 
   void check_scale_created(const char* where) const;
   void ensure_state(const c10::Device& device);
-  PerOptimizer& state_for(torch::optim::Optimizer& optimizer);
   torch::Tensor combined_found_inf(const PerOptimizer& s) const;
 
   GradScalerOptions options_;

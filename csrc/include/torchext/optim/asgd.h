@@ -6,6 +6,8 @@
 // parameter) as torch.optim.ASGD and torchext.optim.ASGD.
 #pragma once
 
+#include <torchext/amp/fused_step.h>
+
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
 #include <torch/optim/serialize.h>
@@ -15,15 +17,8 @@
 #include <optional>
 #include <vector>
 
-// Symbols of the C++ API are exported from a library built with
-// -fvisibility=hidden (the Python extension is).
-#ifndef TORCHEXT_API
-#if defined(_WIN32)
-#define TORCHEXT_API
-#else
-#define TORCHEXT_API __attribute__((visibility("default")))
-#endif
-#endif
+// (TORCHEXT_API, from fused_step.h: symbols of the C++ API are exported
+// from a library built with -fvisibility=hidden, as the Python extension is.)
 
 namespace torchext {
 namespace optim {
@@ -48,11 +43,21 @@ struct TORCHEXT_API ASGDOptions
   TORCH_ARG(double, lambd) = 1e-4;
   TORCH_ARG(double, alpha) = 0.75;
   TORCH_ARG(double, t0) = 1e6;
+  // One t0 per parameter of the group, in group order, or empty (then t0
+  // serves every parameter). start_averaging() writes it when the group's
+  // parameters took different numbers of steps, as Python's writes the
+  // group's 't0_per_param'; the step then makes one op call per distinct
+  // value. Its length must be the group's parameter count (checked by
+  // add_param_group, step and the checkpoint loaders).
+  TORCH_ARG(std::vector<double>, t0_per_param);
   TORCH_ARG(double, weight_decay) = 0;
   TORCH_ARG(bool, maximize) = false;
-  // As Python's `capturable`, for the fused=false path only: true runs its
+  // As Python's `capturable`. For the fused=false path: true runs its
   // sync-free tensor form; false follows torch.optim.ASGD's for-loop path op
-  // for op (it reads step/eta/mu on the host). The fused op never syncs.
+  // for op (it reads step/eta/mu on the host). The fused op never syncs. With
+  // a GradScaler: true in every group means the overflow skip is decided on
+  // the device (amp_step_must_not_sync(), step_with_amp is always called);
+  // otherwise an overflowed step is one the scaler does not call.
   TORCH_ARG(bool, capturable) = false;
   // nullopt: fused whenever every parameter is on CPU or CUDA (default).
   // true: always the fused op (error on other devices). false: a pure
@@ -73,7 +78,9 @@ struct TORCHEXT_API ASGDOptions
   // place (no sync), as torch's LR schedulers do with a tensor lr.
   double get_lr() const override;
   void set_lr(const double lr) override;
-  // Throws c10::Error (ValueError in Python terms) on a bad value.
+  // Throws c10::Error (ValueError in Python terms) on a bad value: the
+  // asgd_ op's own rules (lr, lambd, alpha, weight_decay >= 0, t0 and every
+  // t0_per_param value not NaN).
   void validate() const;
   TORCHEXT_API friend bool operator==(const ASGDOptions& lhs, const ASGDOptions& rhs);
 
@@ -94,7 +101,7 @@ struct TORCHEXT_API ASGDParamState
   void serialize(torch::serialize::OutputArchive& archive) const override;
 };
 
-class TORCHEXT_API ASGD : public torch::optim::Optimizer {
+class TORCHEXT_API ASGD : public torch::optim::Optimizer, public amp::FusedAmpStep {
  public:
   explicit ASGD(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
                 ASGDOptions defaults = {});
@@ -106,11 +113,17 @@ class TORCHEXT_API ASGD : public torch::optim::Optimizer {
   // it would have created.
   torch::Tensor step(LossClosure closure = nullptr) override;
 
-  // The step GradScaler uses (torch's _step_supports_amp_scaling contract):
-  // grads are unscaled on the fly by grad_scale (pass an undefined tensor
-  // when they are already unscaled), and nothing at all changes when
-  // found_inf != 0, decided on the device with no host sync.
-  void step_with_amp(const torch::Tensor& grad_scale, const torch::Tensor& found_inf);
+  // The fused step of GradScaler's protocol (torchext/amp/fused_step.h):
+  // grads are unscaled on the fly by grad_scale (undefined: already
+  // unscaled), and when found_inf is defined nothing at all changes where it
+  // is nonzero, decided on the device with no host sync. All or nothing, as
+  // step(). Returns what step() returns without a closure (undefined).
+  torch::Tensor step_with_amp(const torch::Tensor& grad_scale,
+                              const torch::Tensor& found_inf) override;
+  // True when every group has capturable=true (Python's
+  // _step_supports_amp_scaling): a GradScaler then never reads found_inf on
+  // the host and always calls step_with_amp.
+  bool amp_step_must_not_sync() const override;
 
   // Hides Optimizer::add_param_group (not virtual), which replaces the
   // options of a group with the defaults for optimizer types it does not
@@ -128,8 +141,11 @@ class TORCHEXT_API ASGD : public torch::optim::Optimizer {
 
   // Averaged weights (torchext/optim/averaging.h, csrc/api/averaging.cpp):
   // a guard holding every stepped parameter swapped with its average, and
-  // the NT-ASGD restart of the average with the next step (each group's t0
-  // becomes its step count - 1, mu becomes 1; same rule as Python).
+  // the NT-ASGD restart of the average with the next step, Python's rule
+  // (torchext/optim/averaging.py start_averaging): each parameter's t0
+  // becomes its step count - 1 and its mu 1; a group's t0 is the most common
+  // of its parameters' values (the first one seen on a tie), and its
+  // t0_per_param holds them all when they differ (else it is cleared).
   [[nodiscard]] AveragedParameters averaged_parameters();
   void start_averaging();
 
