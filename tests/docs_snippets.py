@@ -159,6 +159,11 @@ def _main(argv: list[str]) -> int:
             f.write(page_script(page, cuda))
         import runpy
         import traceback
+        if os.environ.get("TORCHEXT_TEST_INDUCTOR_CXX"):
+            # The installed-wheel run hides every compiler; torch.compile's
+            # inductor alone gets g++ by absolute path (as tests/conftest.py).
+            import torch._inductor.config as inductor_config
+            inductor_config.cpp.cxx = (None, os.environ["TORCHEXT_TEST_INDUCTOR_CXX"])
         sys.argv = [path]
         try:
             runpy.run_path(path, run_name="__main__")
