@@ -1,4 +1,4 @@
-"""The HF Trainer: ``optimizers=(torchext.optim.ASGD(...), None)``, with the
+"""The HF Trainer: ``optimizers=(torchext.optim.ASGD(...), scheduler)``, with the
 Trainer's own scaler (accelerate's torch.amp.GradScaler) or torchext's
 (``use_torchext_scaler(trainer.accelerator)``), against torch.optim.ASGD,
 bit for bit: losses, the LR schedule (the Trainer does not step it when
@@ -68,13 +68,15 @@ def train(opt_kind, scaler_kind, *, precision, out, resume=None):
                                        attn_pdrop=0.0))
     opt = optimizer(opt_kind, model.parameters())
     calls = StepCalls(opt)
+    # bf16: the Trainer's own (linear) schedule; fp16: the user's
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1, 0.8) if precision == "fp16" else None
     record = Record(calls)
     args = TrainingArguments(
         output_dir=str(out), per_device_train_batch_size=4, max_steps=MAX_STEPS,
         save_steps=SAVE_STEPS, logging_steps=1, max_grad_norm=1.0, seed=0, use_cpu=True,
         fp16=precision == "fp16", bf16=precision == "bf16", report_to=[], disable_tqdm=True)
     trainer = RecordingTrainer(model=model, args=args, train_dataset=Tokens(),
-                               optimizers=(opt, None), callbacks=[record])
+                               optimizers=(opt, sched), callbacks=[record])
     trainer.losses = []
     acc = trainer.accelerator
     if precision == "fp16":

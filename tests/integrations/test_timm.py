@@ -114,10 +114,24 @@ def train(opt_kind, scaler_kind, *, accum=2, clip=1.0, out, resume=None, poison=
     return record, final
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """torch's run for given settings, trained once per module."""
+    runs = {}
+
+    def get(**kw):
+        key = tuple(sorted(kw.items()))
+        if key not in runs:
+            runs[key] = train(*REFERENCE, out=tmp_path_factory.mktemp("reference"), **kw)
+        return runs[key]
+
+    return get
+
+
 @pytest.mark.parametrize("clip", [1.0, None], ids=["clip", "noclip"])
 @pytest.mark.parametrize("run", RUNS, ids="-".join)
-def test_native_scaler_accumulation_overflow(run, clip, tmp_path):
-    ref = train(*REFERENCE, clip=clip, out=tmp_path / "ref")
+def test_native_scaler_accumulation_overflow(run, clip, tmp_path, reference):
+    ref = reference(clip=clip)
     got = train(*run, clip=clip, out=tmp_path / "got")
     assert_same(got[0], ref[0], "per batch")
     assert_same(got[1], ref[1], "final state")
@@ -128,26 +142,28 @@ def test_native_scaler_accumulation_overflow(run, clip, tmp_path):
 
 
 @pytest.mark.parametrize("run", RUNS, ids="-".join)
-def test_checkpoint_saver_resume(run, tmp_path):
+def test_checkpoint_saver_resume(run, tmp_path, reference):
     """resume_checkpoint (weights_only=True) of epoch 0's checkpoint, then
-    epoch 1: equal to the uninterrupted run."""
+    epoch 1: equal to the uninterrupted run, also when the checkpoint is
+    resumed with the other scaler (timm's NativeScaler <-> torchext's)."""
     whole = train(*run, out=tmp_path)
+    assert_same(whole[1], reference(clip=1.0)[1], "final state")
     resumed = train(*run, out=tmp_path / "resumed", resume=tmp_path / "checkpoint-0.pth.tar")
     assert_same(resumed[0], whole[0][len(whole[0]) // 2:], "per batch after resume")
     assert_same(resumed[1], whole[1], "final state after resume")
+    other = "torch" if run[1] == "torchext" else "torchext"
+    resumed = train(run[0], other, out=tmp_path / "other",
+                    resume=tmp_path / "checkpoint-0.pth.tar")
+    assert_same(resumed[1], whole[1], f"final state after resume with {other}'s scaler")
 
 
-def test_native_scaler_contract(tmp_path):
-    """torchext's NativeScaler is timm's class: same key, same call, and the
-    two load each other's checkpoints."""
+def test_native_scaler_class():
+    """torchext's NativeScaler is timm's class with torchext's GradScaler in
+    it: same key, same attributes."""
     ours, theirs = NativeScaler(), TimmNativeScaler(device="cpu")
     assert isinstance(ours, TimmNativeScaler)
     assert ours.state_dict_key == theirs.state_dict_key == "amp_scaler"
     assert vars(ours).keys() == vars(theirs).keys()
     assert isinstance(ours._scaler, torchext.amp.GradScaler)
-    whole = train("torchext", "torchext", out=tmp_path / "a")
-    train("torchext", "torch", out=tmp_path / "b")
-    for src, kind in (("a", "torch"), ("b", "torchext")):  # the other scaler's checkpoint
-        resumed = train("torchext", kind, out=tmp_path / f"r{src}",
-                        resume=tmp_path / src / "checkpoint-0.pth.tar")
-        assert_same(resumed[1], whole[1], f"checkpoint {src} resumed by {kind}'s scaler")
+    assert ours._scaler._device is None  # from the first loss (timm's default: "cuda")
+    assert NativeScaler("cpu", init_scale=8.0)._scaler.get_scale() == 8.0
