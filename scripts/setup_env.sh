@@ -25,31 +25,6 @@ if ! "$PY" -c "import torch, sys, numpy, pytest, expecttest, ninja; sys.exit(tor
   "$PY" -m pip install -q "torch==$TORCH_VERSION" ninja pytest expecttest numpy
 fi
 
-# --- The training frameworks of tests/integrations (torchext[integrations]) ---
-# From PyPI, next to the pinned torch (so nothing changes torch). On by default
-# for torch 2.14.1 (CI runs them there); TORCHEXT_INTEGRATIONS=0/1 forces it
-# off/on. Without them those tests skip, saying why. With a CPU-only torch
-# (2.13.0 here) timm and torchvision are left out: the torchvision wheels in
-# reach are CUDA builds that do not load there, and timm imports torchvision.
-TORCHEXT_INTEGRATIONS=${TORCHEXT_INTEGRATIONS:-$([ "$TORCH_VERSION" = 2.14.1 ] && echo 1 || echo 0)}
-if [ "$TORCHEXT_INTEGRATIONS" = 1 ]; then
-  reqs=requirements-integrations.txt
-  if "$PY" -c "import sys, torch; sys.exit(torch.version.cuda is not None)"; then
-    reqs=$(mktemp) && grep -vE '^(timm|torchvision)\b' requirements-integrations.txt > "$reqs"
-  fi
-  if ! "$PY" - "$reqs" 2>/dev/null <<'PYEOF'
-import importlib.metadata as md, re, sys
-for line in open(sys.argv[1]):
-    name = re.split(r"[<>=!~ ;\[]", line.strip(), maxsplit=1)[0]
-    if name and not name.startswith("#"):
-        md.version(name)  # raises when not installed
-PYEOF
-  then
-    echo "== installing the integration frameworks ($reqs) into $VENV"
-    "$PY" -m pip install -q "torch==$TORCH_VERSION" -r "$reqs"
-  fi
-fi
-
 # nvcc lives here on these machines; torch's own guess (/usr/local) has no headers.
 if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
   export CUDA_HOME=/usr/local/cuda

@@ -135,8 +135,7 @@ def test_setup_env_rebuilds_on_source_changes(tmp_path):
     def setup_env():
         r = subprocess.run(["bash", "-c", "source scripts/setup_env.sh"], cwd=tmp_path,
                            capture_output=True, text=True, timeout=300,
-                           env={**os.environ, "VENV": ".venv-fake", "TORCH_VERSION": tv,
-                                "TORCHEXT_INTEGRATIONS": "0"})  # only the build's pip
+                           env={**os.environ, "VENV": ".venv-fake", "TORCH_VERSION": tv})
         assert r.returncode == 0, r.stdout + r.stderr
         calls = log.read_text().count("install") if log.exists() else 0
         log.unlink(missing_ok=True)
