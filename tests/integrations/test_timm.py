@@ -21,14 +21,16 @@ def _need_timm():
         import timm
         return timm
     except Exception as e:  # noqa: BLE001 (ImportError, or a torchvision that does not load)
+        missing = isinstance(e, ModuleNotFoundError) and e.name == "timm"
         if torch.version.cuda is None:
             pytest.skip(
-                f"timm is not usable with the CPU-only torch {torch.__version__} "
-                f"({type(e).__name__}: {e}): timm imports torchvision, and the torchvision "
-                "wheels in reach are CUDA builds that do not load with it. timm's tests run "
-                "on the CUDA build of torch", allow_module_level=True)
-        pytest.skip(f"timm does not import ({type(e).__name__}: {e}); the integration tests "
-                    f"need `{INSTALL}`", allow_module_level=True)
+                f"timm {'is not installed' if missing else f'does not import ({e})'}: with the "
+                f"CPU-only torch {torch.__version__} it cannot run here (timm imports "
+                "torchvision, and the torchvision wheels in reach are CUDA builds that do not "
+                "load with a CPU-only torch). timm's tests run on the CUDA build of torch",
+                allow_module_level=True)
+        pytest.skip(f"timm {'is not installed' if missing else f'does not import ({e})'}; the "
+                    f"integration tests need `{INSTALL}`", allow_module_level=True)
 
 
 timm = _need_timm()
