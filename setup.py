@@ -66,7 +66,7 @@ def write_version_files(with_cuda):
 
 
 def integration_requirements():
-    # One list, read by pip (scripts/setup_env.sh) and here.
+    # One list, read by pip (scripts/test.sh) and here.
     with open(os.path.join(ROOT, "requirements-integrations.txt")) as f:
         return [line.strip() for line in f if line.strip() and not line.startswith("#")]
 
