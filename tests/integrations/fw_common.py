@@ -176,5 +176,21 @@ def assert_scale_moved_both_ways(record) -> None:
     assert any(b < a for a, b in pairs) and any(b > a for a, b in pairs), scales
 
 
+class RecordOps(TorchDispatchMode):
+    """Records the name of every op dispatched inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+    def host_reads(self) -> int:
+        return sum(op in ("aten._local_scalar_dense.default", "aten.item.default")
+                   for op in self.ops)
+
+
 def params(model: torch.nn.Module) -> list:
     return [p.detach().clone() for p in model.parameters()]

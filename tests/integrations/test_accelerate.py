@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from fw_common import keep_torch_globals  # noqa: F401 (autouse)
-from fw_common import (REFERENCE, RUNS, SCALER_KW, NoHostSync, StepCalls, assert_same,
-                       assert_scale_moved_both_ways, mlp, need, optimizer, optimizer_state,
-                       params, regression_data, scaler_state)
+from fw_common import (REFERENCE, RUNS, SCALER_KW, NoHostSync, RecordOps, StepCalls,
+                       assert_same, assert_scale_moved_both_ways, mlp, need, optimizer,
+                       optimizer_state, params, regression_data, scaler_state)
 
 accelerate = need("accelerate")
 from accelerate import Accelerator  # noqa: E402
@@ -173,6 +173,30 @@ def test_use_torchext_scaler():
     acc.scaler = OtherScaler("cpu")
     with pytest.raises(TypeError, match="OtherScaler"):
         use_torchext_scaler(acc)
+
+
+@pytest.mark.parametrize("clip", [None, 1.0], ids=["noclip", "clip"])
+def test_torchext_scaler_steps_in_one_fused_pass(clip):
+    """What torchext's scaler is for, inside accelerate: without clipping,
+    a read-only inf check and one fused ASGD pass that unscales on the fly
+    (no unscale pass), one host read of found_inf; with clipping, accelerate
+    unscales first (as with torch's scaler), then the same one pass."""
+    acc = make_accelerator("fp16", "torchext")
+    model = mlp()
+    model, opt = acc.prepare(model, optimizer("torchext", model.parameters()))
+    x, y = regression_data(n=8)[:]
+    for _ in range(2):  # the second step goes through the optimizer's C++ state
+        acc.backward(torch.nn.functional.mse_loss(model(x), y))
+        with RecordOps() as rec:
+            if clip is not None:
+                acc.clip_grad_norm_(model.parameters(), clip)
+            opt.step()
+        opt.zero_grad()
+    assert rec.ops.count("torchext.asgd_.packed") == 1
+    assert ("torchext.unscale_.default" in rec.ops) == (clip is not None)
+    assert ("torchext.check_finite_.default" in rec.ops) == (clip is None)
+    assert rec.host_reads() == 1  # found_inf, read once (torch's scaler reads it too)
+    assert not acc.optimizer_step_was_skipped
 
 
 @pytest.mark.parametrize("fused", ["torchext-capturable", "torch-sgd-fused"])
