@@ -17,6 +17,10 @@ one (a read-only inf check, then one update pass that unscales on the fly).
     trainer = Trainer(model, args, optimizers=(torchext.optim.ASGD(...), None))
     use_torchext_scaler(trainer.accelerator)           # the HF Trainer
 
+(The Trainer builds its Accelerator in ``__init__``, and again for each trial
+of ``hyperparameter_search``: there, call it at the end of an overridden
+``create_accelerator_and_postprocess``.)
+
 Everything accelerate does with its scaler keeps working: ``backward``,
 ``clip_grad_norm_`` (unscales first), ``optimizer_step_was_skipped`` (True
 when ``optimizer.step()`` was not called, as with torch's scaler),
