@@ -104,6 +104,12 @@ def local_version(with_cuda):
     return label
 
 
+def integration_requirements():
+    # One list, read by pip (scripts/test.sh) and here.
+    with open(os.path.join(ROOT, "requirements-integrations.txt")) as f:
+        return [line.strip() for line in f if line.strip() and not line.startswith("#")]
+
+
 def want_cuda():
     flag = os.environ.get("TORCHEXT_CUDA", "auto").strip().lower()
     available = torch.version.cuda is not None and CUDA_HOME is not None and (
@@ -266,6 +272,8 @@ setup(
     python_requires=">=3.9",
     install_requires=[torch_requirement],
     # `pip install torchext[bench]`: the progress bar and --plot of `torchext bench`.
-    extras_require={"bench": ["tqdm", "matplotlib"]},
+    # `pip install torchext[integrations]`: the training frameworks that
+    # tests/integrations runs torchext in (torchext/integrations).
+    extras_require={"bench": ["tqdm", "matplotlib"], "integrations": integration_requirements()},
     entry_points={"console_scripts": ["torchext = torchext.cli:main_exit"]},
 )

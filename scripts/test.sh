@@ -14,6 +14,31 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup_env.sh
+
+# --- The training frameworks of tests/integrations (torchext[integrations]) ---
+# From PyPI, next to the pinned torch (so nothing changes torch); skipped when
+# already installed. TORCHEXT_INTEGRATIONS=0 leaves them out (those tests then
+# skip, saying why). With a CPU-only torch (2.13.0 here) timm and torchvision
+# are left out: the torchvision wheels in reach are CUDA builds that do not
+# load there, and timm imports torchvision (its tests skip, saying so).
+if [ "${TORCHEXT_INTEGRATIONS:-1}" = 1 ]; then
+  reqs=requirements-integrations.txt
+  if "$PY" -c "import sys, torch; sys.exit(torch.version.cuda is not None)"; then
+    reqs=$(mktemp) && grep -vE '^(timm|torchvision)\b' requirements-integrations.txt > "$reqs"
+  fi
+  if ! "$PY" - "$reqs" 2>/dev/null <<'EOF'
+import importlib.metadata as md, re, sys
+for line in open(sys.argv[1]):
+    name = re.split(r"[<>=!~ ;\[]", line.strip(), maxsplit=1)[0]
+    if name and not name.startswith("#"):
+        md.version(name)  # raises when not installed
+EOF
+  then
+    echo "== installing the integration frameworks ($reqs) into $VENV"
+    "$PY" -m pip install -q "torch==$TORCH_VERSION" -r "$reqs"
+  fi
+fi
+
 echo "== wheel (torch $TORCH_VERSION)"
 bash scripts/build_wheels.sh --no-sdist "$TORCH_VERSION"
 WHEEL=$(ls "dist/torchext-$(cat version.txt)+torch$TORCH_VERSION."*-cp39-abi3-*.whl)

@@ -1,0 +1,224 @@
+"""HF accelerate: torchext's ASGD (with accelerate's own scaler, or with
+torchext's through ``torchext.integrations.accelerate.use_torchext_scaler``)
+against torch.optim.ASGD + torch's scaler, bit for bit.
+
+On the CPU accelerate builds no scaler and no autocast for fp16;
+``fp16_accelerator`` does what accelerate does on a GPU (autocast + its
+``get_grad_scaler``), so the scenarios run here as they would there.
+"""
+import contextlib
+
+import pytest
+import torch
+
+from fw_common import keep_torch_globals  # noqa: F401 (autouse)
+from fw_common import (REFERENCE, RUNS, SCALER_KW, NoHostSync, RecordOps, StepCalls,
+                       assert_same, assert_scale_moved_both_ways, mlp, need, optimizer,
+                       optimizer_state, params, regression_data, scaler_state)
+
+accelerate = need("accelerate")
+from accelerate import Accelerator  # noqa: E402
+from accelerate.state import AcceleratorState, GradientState  # noqa: E402
+from accelerate.utils import GradScalerKwargs, get_grad_scaler  # noqa: E402
+
+import torchext  # noqa: E402
+from torchext.integrations.accelerate import use_torchext_scaler  # noqa: E402
+
+POISON = (17, 44)  # rows: batch 2 of each epoch and batch 5 (batch size 8)
+
+
+@pytest.fixture(autouse=True)
+def fresh_state():
+    # accelerate's state is process-wide (one Accelerator per process).
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def make_accelerator(mixed_precision, scaler_kind=None, accum=1):
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    acc = Accelerator(mixed_precision=mixed_precision, cpu=True, gradient_accumulation_steps=accum,
+                      kwargs_handlers=[GradScalerKwargs(**SCALER_KW)])
+    if mixed_precision == "fp16":
+        assert acc.scaler is None  # accelerate on the CPU; on a GPU it does this:
+        acc.native_amp = True
+        acc.scaler = get_grad_scaler(acc.distributed_type, **acc.scaler_handler.to_kwargs())
+        if scaler_kind == "torchext":
+            assert isinstance(use_torchext_scaler(acc), torchext.amp.GradScaler)
+    return acc
+
+
+def train(opt_kind, scaler_kind, *, mixed_precision="fp16", clip=1.0, accum=1, epochs=2,
+          poison=POISON, checkpoint=None, resume=None):
+    """A training loop as accelerate's examples write it. ``checkpoint``:
+    save_state there after the first epoch; ``resume``: load_state from
+    there and run the remaining epochs."""
+    acc = make_accelerator(mixed_precision, scaler_kind, accum)
+    model = mlp()
+    opt = optimizer(opt_kind, model.parameters())
+    calls = StepCalls(opt)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.8)
+    dl = torch.utils.data.DataLoader(regression_data(poison=poison), batch_size=8)
+    model, opt, dl, sched = acc.prepare(model, opt, dl, sched)
+    first = 0
+    if resume is not None:
+        acc.load_state(resume)
+        first = 1
+    record = []
+    for epoch in range(first, epochs):
+        for x, y in dl:
+            with acc.accumulate(model):
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                acc.backward(loss)
+                if clip is not None and acc.sync_gradients:
+                    acc.clip_grad_norm_(model.parameters(), clip)
+                opt.step()
+                sched.step()
+                opt.zero_grad()
+            record.append(dict(
+                loss=loss.item(), skipped=acc.optimizer_step_was_skipped,
+                opt_skipped=opt.step_was_skipped, lr=sched.get_last_lr()[0],
+                scale=None if acc.scaler is None else acc.scaler.get_scale(), calls=calls.take()))
+        if checkpoint is not None and epoch == 0:
+            acc.save_state(checkpoint)
+    final = dict(params=params(model), opt=optimizer_state(opt), scaler=scaler_state(acc.scaler),
+                 sched=sched.state_dict()["last_epoch"])
+    return record, final
+
+
+def check(got, ref):
+    assert_same(got[0], ref[0], "per step")
+    assert_same(got[1], ref[1], "final state")
+
+
+def test_bf16_clip():
+    """bf16 (no scaler): prepare, backward, clip_grad_norm_, step."""
+    ref = train(*REFERENCE, mixed_precision="bf16", poison=())
+    check(train("torchext", None, mixed_precision="bf16", poison=()), ref)
+    assert [r["calls"] for r in ref[0]] == [1] * len(ref[0])
+
+
+@pytest.mark.parametrize("clip,accum", [(1.0, 1), (None, 1), (1.0, 2)],
+                         ids=["clip", "noclip", "clip-accumulate2"])
+@pytest.mark.parametrize("run", RUNS, ids="-".join)
+def test_fp16_scaler_overflow_skips_like_torch(run, clip, accum):
+    """fp16 + scaler, an overflow: optimizer_step_was_skipped, the prepared
+    LR scheduler (which does not step on a skipped step), losses, scale."""
+    ref = train(*REFERENCE, clip=clip, accum=accum)
+    got = train(*run, clip=clip, accum=accum)
+    check(got, ref)
+    skipped = [r["skipped"] for r in ref[0]]
+    assert any(skipped) and not all(skipped)
+    # a skipped step is one where optimizer.step() was not called
+    calls = [r["calls"] for r in ref[0]]
+    boundary = [(i + 1) % accum == 0 for i in range(len(calls))]
+    assert calls == [int(b and not s) for b, s in zip(boundary, skipped)]
+    assert_scale_moved_both_ways(ref[0])
+
+
+@pytest.mark.parametrize("run", RUNS, ids="-".join)
+def test_save_state_load_state_continues_exactly(run, tmp_path):
+    """save_state after epoch 1, load_state into fresh objects, epoch 2:
+    equal to the uninterrupted run (and to torch's)."""
+    whole = train(*run, checkpoint=tmp_path / "ckpt")
+    check(whole, train(*REFERENCE))
+    resumed = train(*run, resume=tmp_path / "ckpt")
+    assert_same(resumed[0], whole[0][len(whole[0]) // 2:], "per step after resume")
+    assert_same(resumed[1], whole[1], "final state after resume")
+
+
+def test_checkpoints_move_between_the_scalers(tmp_path):
+    """A checkpoint of accelerate's scaler resumes with torchext's and back."""
+    whole = train(*REFERENCE, checkpoint=tmp_path / "torch")
+    train("torchext", "torchext", checkpoint=tmp_path / "torchext")
+    for ckpt, run in (("torch", ("torchext", "torchext")), ("torchext", ("torchext", "torch"))):
+        resumed = train(*run, resume=tmp_path / ckpt)
+        assert_same(resumed[1], whole[1], f"{ckpt} checkpoint resumed by {run}")
+
+
+def test_use_torchext_scaler():
+    # settings and state carry over; prepared optimizers are switched
+    acc = make_accelerator("fp16")
+    old = acc.scaler
+    model = mlp()
+    opt = acc.prepare(optimizer("torchext", model.parameters()))
+    old.scale(torch.ones(()))
+    old.update(1024.0)  # a state of its own to carry over
+    new = use_torchext_scaler(acc, hysteresis=2)
+    assert acc.scaler is new and opt.scaler is new and new is not old
+    assert new.state_dict()["hysteresis"] == 2
+    assert scaler_state(new) == scaler_state(old)
+    assert new.get_growth_interval() == SCALER_KW["growth_interval"]
+    assert use_torchext_scaler(acc) is new  # again: the one in place
+    # no scaler (bf16, or fp16 on the CPU as accelerate sets it up): nothing changes
+    AcceleratorState._reset_state(True)
+    acc = Accelerator(mixed_precision="bf16", cpu=True)
+    assert use_torchext_scaler(acc) is None and acc.scaler is None
+    # not in the middle of an iteration
+    acc = make_accelerator("fp16")
+    model = mlp()
+    opt = acc.prepare(optimizer("torchext", model.parameters()))
+    acc.backward(model(torch.ones(2, 8)).sum())
+    acc.scaler.unscale_(opt.optimizer)
+    with pytest.raises(RuntimeError, match="between iterations"):
+        use_torchext_scaler(acc)
+    # scalers other than torch's plain one stay
+
+    class OtherScaler(torch.amp.GradScaler):
+        pass
+
+    acc.scaler = OtherScaler("cpu")
+    with pytest.raises(TypeError, match="OtherScaler"):
+        use_torchext_scaler(acc)
+
+
+@pytest.mark.parametrize("clip", [None, 1.0], ids=["noclip", "clip"])
+def test_torchext_scaler_steps_in_one_fused_pass(clip):
+    """What torchext's scaler is for, inside accelerate: without clipping,
+    a read-only inf check and one fused ASGD pass that unscales on the fly
+    (no unscale pass), one host read of found_inf; with clipping, accelerate
+    unscales first (as with torch's scaler), then the same one pass."""
+    acc = make_accelerator("fp16", "torchext")
+    model = mlp()
+    model, opt = acc.prepare(model, optimizer("torchext", model.parameters()))
+    x, y = regression_data(n=8)[:]
+    for _ in range(2):  # the second step goes through the optimizer's C++ state
+        acc.backward(torch.nn.functional.mse_loss(model(x), y))
+        with RecordOps() as rec:
+            if clip is not None:
+                acc.clip_grad_norm_(model.parameters(), clip)
+            opt.step()
+        opt.zero_grad()
+    assert rec.ops.count("torchext.asgd_.packed") == 1
+    assert ("torchext.unscale_.default" in rec.ops) == (clip is not None)
+    assert ("torchext.check_finite_.default" in rec.ops) == (clip is None)
+    assert rec.host_reads() == 1  # found_inf, read once (torch's scaler reads it too)
+    assert not acc.optimizer_step_was_skipped
+
+
+@pytest.mark.parametrize("fused", ["torchext-capturable", "torch-sgd-fused"])
+def test_device_side_skip_when_asked(fused):
+    """capturable=True asks for no host sync: the scaler always calls step()
+    and the step skips itself on the device, as torch's fused optimizers do
+    with torch's scaler. accelerate then cannot see the skip
+    (step_was_skipped stays False); the scaler reports it on the device."""
+    acc = make_accelerator("fp16", "torchext" if fused.startswith("torchext") else "torch")
+    model = mlp()
+    if fused == "torchext-capturable":
+        opt = optimizer("torchext", model.parameters(), capturable=True)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, fused=True)
+    calls = StepCalls(opt)
+    model, opt = acc.prepare(model, opt)
+    x, y = regression_data(n=8, poison=(3,))[:]
+    before = params(model)
+    acc.backward(torch.nn.functional.mse_loss(model(x), y))
+    with NoHostSync() if fused == "torchext-capturable" else contextlib.nullcontext():
+        opt.step()
+    assert calls.n == 1 and not acc.optimizer_step_was_skipped
+    assert_same(params(model), before, "params after a device-side skip")
+    if fused == "torchext-capturable":
+        assert bool(acc.scaler.last_step_skipped)

@@ -1,0 +1,162 @@
+"""PyTorch Lightning: torchext's ASGD and GradScaler in a Trainer, against
+torch.optim.ASGD + torch's scaler, bit for bit.
+
+torchext's scaler goes where Lightning takes a scaler:
+``plugins=[MixedPrecision("16-mixed", device, scaler=torchext.amp.GradScaler())]``
+(on the CPU, ``precision="16-mixed"`` alone falls back to bf16; the plugin
+keeps fp16 autocast and a scaler, as on a GPU).
+"""
+import logging
+import warnings
+
+import pytest
+import torch
+
+from fw_common import keep_torch_globals  # noqa: F401 (autouse)
+from fw_common import (REFERENCE, RUNS, StepCalls, assert_same, assert_scale_moved_both_ways,
+                       mlp, need, optimizer, optimizer_state, params, regression_data, scaler,
+                       scaler_state)
+
+pl = need("pytorch_lightning")
+from pytorch_lightning.plugins import MixedPrecision  # noqa: E402
+
+
+POISON = (17, 44)  # rows: batches 2 and 5 of each epoch (batch size 8)
+for _name in ("pytorch_lightning", "lightning", "lightning_fabric"):
+    logging.getLogger(_name).setLevel(logging.ERROR)
+
+
+class Module(pl.LightningModule):
+    def __init__(self, opt_kind, capturable=False):
+        super().__init__()
+        self.net = mlp()
+        self.opt_kind, self.capturable = opt_kind, capturable
+        self.record = []
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self(x), y)
+        self._loss = loss.detach()
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        opt = self.optimizers().optimizer
+        sc = self.trainer.precision_plugin.scaler if hasattr(
+            self.trainer.precision_plugin, "scaler") else None
+        self.record.append(dict(
+            loss=self._loss.float().item(), lr=opt.param_groups[0]["lr"],
+            scale=None if sc is None else sc.get_scale(), calls=self.calls.take(),
+            global_step=self.trainer.global_step))
+
+    def configure_optimizers(self):
+        kw = dict(capturable=True) if self.capturable else {}
+        opt = optimizer(self.opt_kind, self.parameters(), **kw)
+        self.calls = StepCalls(opt)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.8)
+        return [opt], [{"scheduler": sched, "interval": "step"}]
+
+
+def train(opt_kind, scaler_kind, *, precision="16-mixed", clip=1.0, accum=1, epochs=2,
+          poison=POISON, compile=False, checkpoint=None, resume=None, capturable=False):
+    """``checkpoint``: train one epoch and save a checkpoint there;
+    ``resume``: fit from that checkpoint (``ckpt_path=``) to the end."""
+    module = Module(opt_kind, capturable)
+    sc = None if scaler_kind is None else scaler(scaler_kind)
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, max_epochs=1 if checkpoint else epochs,
+        plugins=[MixedPrecision(precision, "cpu", scaler=sc)], gradient_clip_val=clip,
+        accumulate_grad_batches=accum, enable_checkpointing=False, logger=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+    dl = torch.utils.data.DataLoader(regression_data(poison=poison), batch_size=8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(torch.compile(module) if compile else module, dl, ckpt_path=resume)
+    if checkpoint:
+        trainer.save_checkpoint(checkpoint)
+    opt = module.optimizers().optimizer
+    # what torch's LR scheduler says about the optimizer (e.g. a first step skipped)
+    sched_warnings = sorted({str(w.message) for w in caught
+                             if "optimizer.step()" in str(w.message)})
+    final = dict(params=params(module), opt=optimizer_state(opt), scaler=scaler_state(sc),
+                 global_step=trainer.global_step, sched_warnings=sched_warnings)
+    return module.record, final
+
+
+_references = {}
+
+
+def reference(**kw):
+    """torch's run for these settings, trained once per session."""
+    key = tuple(sorted(kw.items()))
+    if key not in _references:
+        _references[key] = train(*REFERENCE, **kw)
+    return _references[key]
+
+
+def check(got, ref):
+    assert_same(got[0], ref[0], "per step")
+    assert_same(got[1], ref[1], "final state")
+
+
+@pytest.mark.parametrize("clip,accum", [(1.0, 1), (1.0, 2)], ids=["clip", "clip-accumulate2"])
+@pytest.mark.parametrize("run", RUNS, ids="-".join)
+def test_16_mixed_scaler_clipping_overflow(run, clip, accum):
+    """fp16 + a scaler (torch's or torchext's) + gradient_clip_val, with
+    overflows: Lightning used to refuse clipping for torchext's ASGD."""
+    ref = reference(clip=clip, accum=accum)
+    check(train(*run, clip=clip, accum=accum), ref)
+    calls = [r["calls"] for r in ref[0]]
+    assert 0 < sum(calls) < len(calls) // accum  # some steps skipped (step() not called)
+    assert_scale_moved_both_ways(ref[0])
+
+
+@pytest.mark.parametrize("run", RUNS, ids="-".join)
+def test_first_step_skipped(run):
+    """Lightning steps the LR scheduler after a skipped step too; when the
+    very first step is skipped, torch's scheduler warns that it stepped
+    before the optimizer did, for torchext's ASGD as for torch's."""
+    ref = reference(poison=(0,), epochs=1)
+    assert ref[0][0]["calls"] == 0
+    assert any("before `optimizer.step()`" in w for w in ref[1]["sched_warnings"])
+    check(train(*run, poison=(0,), epochs=1), ref)
+
+
+def test_bf16_mixed_clipping():
+    """bf16-mixed has no scaler; clipping works."""
+    ref = train("torch", None, precision="bf16-mixed", poison=())
+    check(train("torchext", None, precision="bf16-mixed", poison=()), ref)
+
+
+@pytest.mark.parametrize("run", RUNS, ids="-".join)
+def test_ckpt_path_resume(run, tmp_path):
+    """One epoch, save_checkpoint, fit(ckpt_path=...) to the end: equal to
+    the uninterrupted run (optimizer, LR scheduler and scaler state)."""
+    whole = train(*run)
+    check(whole, reference(clip=1.0, accum=1))
+    train(*run, checkpoint=tmp_path / "epoch1.ckpt")
+    resumed = train(*run, resume=tmp_path / "epoch1.ckpt")
+    assert_same(resumed[0], whole[0][len(whole[0]) // 2:], "per step after resume")
+    assert_same(resumed[1], whole[1], "final state after resume")
+
+
+def test_compiled_model():
+    """trainer.fit(torch.compile(module)), fp16 + scaler + clipping +
+    overflows: torchext's classes against torch's, both compiled."""
+    ref = train(*REFERENCE, compile=True)
+    for run in RUNS:
+        check(train(*run, compile=True), ref)
+
+
+def test_capturable_asks_for_the_fused_contract():
+    """capturable=True makes torchext's ASGD a sync-free fused optimizer for
+    every scaler (_step_supports_amp_scaling): Lightning then refuses
+    clipping with a scaler, exactly as for torch's fused SGD."""
+    with pytest.raises(RuntimeError, match="does not allow for gradient clipping"):
+        train("torchext", "torchext", capturable=True)
+    # without clipping it trains, skipping on the device
+    got = train("torchext", "torchext", capturable=True, clip=None, epochs=1)
+    assert all(r["calls"] == 1 for r in got[0])
+    assert all(bool(p.isfinite().all()) for p in got[1]["params"])
