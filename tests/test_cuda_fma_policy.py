@@ -24,6 +24,8 @@ import subprocess
 import pytest
 import torch
 
+from helpers import needs_toolchain
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -73,6 +75,7 @@ def _compare(source, tmp_path, wanted):
     return names, fused, separate
 
 
+@needs_toolchain
 def test_cuda_kernels_contract_nothing_on_their_own(tmp_path):
     # One translation unit for both files: nvcc's time goes to torch's headers.
     source = tmp_path / "kernels.cu"
@@ -92,6 +95,7 @@ def test_cuda_kernels_contract_nothing_on_their_own(tmp_path):
     assert len(fp32) == 1 and "fma.rn.f32" in fused[fp32[0]]
 
 
+@needs_toolchain
 def test_the_comparison_sees_a_contraction(tmp_path):
     src = tmp_path / "contract.cu"
     src.write_text("__global__ void muladd(float* o, const float* a, const float* b,"
