@@ -161,7 +161,11 @@ class build_ext(BuildExtension):
         self.build_temp = os.path.join(ROOT, "build", "temp.torchext")
 
     def build_extensions(self):
-        if not self.inplace:
+        # An editable install (pip install -e, PEP 660) builds out of place
+        # too, then uses the library from the source tree: it keeps the
+        # in-place library's absolute rpaths (C++ programs linking it find
+        # torch's CUDA libraries through them).
+        if not self.inplace and not getattr(self, "editable_mode", False):
             # A wheel's library finds torch next to it ($ORIGIN/..); the build
             # machine's absolute paths are for the in-place library only. The
             # debug info (-g from Python's own CFLAGS: ~28 of the CPU library's
