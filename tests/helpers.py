@@ -4,6 +4,7 @@ import os
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchext
 
@@ -91,3 +92,14 @@ def all_state(opt):
                 if key in st:
                     out.append((key, st[key]))
     return out
+
+
+class NoHostSync(TorchDispatchMode):
+    """Fails on anything that reads a tensor value on the host."""
+    BANNED = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default,
+              torch.ops.aten.is_nonzero.default}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in self.BANNED:
+            raise AssertionError(f"host sync: {func}")
+        return func(*args, **(kwargs or {}))

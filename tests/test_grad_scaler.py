@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchext
 from torchext.amp import GradScaler
-from helpers import data, rel_err, small_model, twin
+from helpers import NoHostSync, data, rel_err, small_model, twin
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
 KW = dict(init_scale=2.0**10, growth_interval=5)
@@ -102,17 +102,6 @@ def test_fused_sgd_through_torchext_scaler_matches_torch():
     assert r1 == r2
     for p1, p2 in zip(m1.parameters(), m2.parameters()):
         assert torch.equal(p1, p2)
-
-
-class NoHostSync(TorchDispatchMode):
-    """Fails on anything that reads a tensor value on the host."""
-    BANNED = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default,
-              torch.ops.aten.is_nonzero.default}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in self.BANNED:
-            raise AssertionError(f"host sync: {func}")
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.parametrize("capturable", [False, True])

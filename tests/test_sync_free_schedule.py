@@ -9,7 +9,7 @@ import torch
 
 import torchext
 from helpers import data, small_model
-from test_grad_scaler import NoHostSync
+from helpers import NoHostSync
 
 PEAK, WARMUP, TOTAL = 0.05, 4, 20
 OVERFLOW = (1, 2, 9)  # iterations whose gradients hold an inf

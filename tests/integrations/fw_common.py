@@ -24,6 +24,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchext
+from helpers import NoHostSync  # noqa: F401  (re-exported for the framework tests)
 
 #: (optimizer, scaler) of the runs compared with the reference.
 RUNS = [("torchext", "torch"), ("torchext", "torchext")]
@@ -155,18 +156,6 @@ def scaler_state(sc) -> dict | None:
     sd = sc.state_dict()
     return {k: sd[k] for k in ("scale", "growth_factor", "backoff_factor", "growth_interval",
                                "_growth_tracker")}
-
-
-class NoHostSync(TorchDispatchMode):
-    """Fails on anything that reads a tensor's value on the host (as
-    tests/test_grad_scaler.py)."""
-    BANNED = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default,
-              torch.ops.aten.is_nonzero.default}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in self.BANNED:
-            raise AssertionError(f"host sync: {func}")
-        return func(*args, **(kwargs or {}))
 
 
 def assert_scale_moved_both_ways(record) -> None:
