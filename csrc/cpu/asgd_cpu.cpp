@@ -26,10 +26,11 @@ struct ScalarSlots {
 
 template <typename T>
 void write_schedule(const std::vector<ScalarSlots>& slots, const ASGDArgs& a, double lr) {
+  const bool lr_is_float = a.lr.scalar_type() != at::kDouble;
   for (const ScalarSlots& s : slots) {
     const double step = static_cast<double>(*static_cast<T*>(s.step)) + 1.0;
     *static_cast<T*>(s.step) = static_cast<T>(step);
-    *static_cast<T*>(s.eta) = static_cast<T>(math::asgd_eta(lr, a.lambd, a.alpha, step));
+    *static_cast<T*>(s.eta) = static_cast<T>(math::asgd_eta(lr, a.lambd, a.alpha, step, lr_is_float));
     *static_cast<T*>(s.mu) = static_cast<T>(math::asgd_mu(a.t0, step));
   }
 }

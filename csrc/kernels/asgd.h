@@ -94,6 +94,7 @@ struct ScheduleArgs {
   const float* found_inf;
   const void* lr_ptr;  // lr in device memory, or nullptr to use lr_value
   bool lr_is_double;
+  bool lr_is_float;  // the user's lr tensor is not float64: float32 schedule math
   double lr_value;
   double lambd, alpha, t0;
   bool state_is_double;
@@ -105,7 +106,8 @@ C10_HOST_DEVICE inline void schedule_one(void* step_p, void* eta_p, void* mu_p,
   const double lr = a.lr_ptr != nullptr ? load_scalar(a.lr_ptr, a.lr_is_double) : a.lr_value;
   const double step = math::add(load_scalar(step_p, a.state_is_double), 1.0);
   store_scalar(step_p, a.state_is_double, step);
-  store_scalar(eta_p, a.state_is_double, math::asgd_eta(lr, a.lambd, a.alpha, step));
+  store_scalar(eta_p, a.state_is_double,
+               math::asgd_eta(lr, a.lambd, a.alpha, step, a.lr_is_float));
   store_scalar(mu_p, a.state_is_double, math::asgd_mu(a.t0, step));
 }
 
@@ -271,6 +273,7 @@ void asgd_launch(const ASGDArgs& a, Exec& exec, const Skip& skip = {}) {
   sargs.lr_ptr = lr.ptr;
   sargs.lr_is_double = lr.is_double;
   sargs.lr_value = lr.value;
+  sargs.lr_is_float = a.lr.scalar_type() != at::kDouble;
   const unsigned blocks = blocks_for(nsteps, kScheduleThreads);
   if (packed_direct) {
     exec.template launch<ASGDSchedulePacked>(blocks, kScheduleThreads, a.step_ptr(0),

@@ -134,10 +134,20 @@ C10_HOST_DEVICE inline void asgd_update(V& p, V& ax, V g, const C& c, MulAdd mad
 }
 
 // The eta/mu schedule of torch.optim.ASGD, evaluated after `step` has been
-// incremented. Computed in double (torch evaluates it in Python floats) and
-// rounded once when stored into the float32 state tensors.
+// incremented, then stored into the state tensors. torch evaluates
+// lr / (1 + lambd * lr * step) ** alpha in Python floats for a float lr
+// (double here, rounded once), but in tensor arithmetic for a tensor lr:
+// float32 for the float32 lr tensors schedulers keep, one rounding per
+// operation, in that order (lr_is_float; a float64 lr tensor is the double
+// formula).
 C10_HOST_DEVICE inline double asgd_eta(double lr, double lambd, double alpha,
-                                       double step) {
+                                       double step, bool lr_is_float) {
+  if (lr_is_float) {
+    const float lr_f = static_cast<float>(lr);
+    const float base = add(1.0f, mul(mul(static_cast<float>(lambd), lr_f),
+                                     static_cast<float>(step)));
+    return lr_f / ::powf(base, static_cast<float>(alpha));
+  }
   return lr / ::pow(add(1.0, mul(mul(lambd, lr), step)), alpha);
 }
 
