@@ -1,22 +1,61 @@
-"""A whole training step of a small MLP (autocast: bf16 on CPU, fp16 on CUDA):
-torchext compiled with torch.compile(fullgraph=True) vs torchext eager, and
-vs torch's best compiled setup (compiled model, torch.optim.ASGD.step compiled
-without fullgraph, torch.amp.GradScaler in eager). All in one process, as
-ratios. Compiling dominates a --quick run (tens of seconds on 2 cores)."""
+"""Compiled training at real sizes: every torch.compile recipe for a whole
+training step (forward, backward, GradScaler, ASGD), torch's classes against
+torchext's, on MLPs of 16 to 1024 parameter tensors and on real models
+(HF transformers' GPT-2; timm on a CUDA build).
+
+Per model and recipe: the time to reach the steady state (every compile and
+recompile until none comes, cold inductor cache), the recompiles after the
+first call, ms/step, the optimizer + scaler part of a step where it runs
+outside a graph, and the peak RSS. Compile times are only comparable one
+setup per process, so each (model, recipe) runs in a child process of its
+own, with a fresh inductor cache; the ms/step ratios are then measured again
+in one process, setups interleaved (``--ab``).
+
+    python -m torchext bench --only compile [--device cpu|cuda] [--quick]
+    python -m torchext.bench.train_step --models mlp-64,gpt2 --recipes torch-split,torchext
+"""
+from __future__ import annotations
+
+import argparse
 import copy
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
 
 import torch
-
-import torchext
 
 from .common import Result, table
 
 NAME = "compile"
-CASE = "MLP 128-512-512-10, batch 64"
 
+#: Models: MLPs of Linear(64, 64) + Tanh giving that many parameter tensors,
+#: HF transformers' GPT-2 (12 layers, width 64: 148 tensors), a timm ResNet-18.
+MODELS = ("mlp-16", "mlp-64", "mlp-256", "mlp-1024", "gpt2", "timm")
+QUICK_MODELS = ("mlp-16",)
 
-def cases(env):
-    return [CASE]
+#: recipe -> (library, description). The first is torchext's recommended one.
+RECIPES = {
+    "torchext": ("torchext", "compiled model, eager torchext step (recommended)"),
+    "torch-split": ("torch", "compiled model + compiled opt.step, eager scaler "
+                             "(torch's recipe)"),
+    "torch-whole": ("torch", "torch.compile(train_step)"),
+    "torch-eager-step": ("torch", "compiled model, eager step"),
+    "torchext-fullgraph": ("torchext", "torch.compile(train_step, fullgraph=True) + "
+                                       "trace_autograd_ops"),
+    "torchext-split": ("torchext", "compiled model + compiled opt.step (torch's recipe)"),
+    "torchext-whole": ("torchext", "torch.compile(train_step)"),
+}
+CUDA_RECIPES = {
+    "torchext-cudagraphs": ("torchext", "model compiled with mode='reduce-overhead', eager "
+                                        "capturable step"),
+}
+QUICK_RECIPES = ("torchext", "torch-split")
 
 
 def _autocast(device):
@@ -24,75 +63,344 @@ def _autocast(device):
     return torch.autocast(device.type, dtype=dtype)
 
 
-def run_case(env, name):
-    device = torch.device(env.device)
+def build_model(name, device):
+    """(model, inputs, loss_fn(model, *inputs)) with fixed seeds. Raises
+    ImportError (with the reason) for a library that is missing."""
     torch.manual_seed(0)
-    base = torch.nn.Sequential(torch.nn.Linear(128, 512), torch.nn.GELU(),
-                               torch.nn.Linear(512, 512), torch.nn.GELU(),
-                               torch.nn.Linear(512, 10)).to(device)
-    x = torch.randn(64, 128, device=device)
-    y = torch.randint(0, 10, (64,), device=device)
-    loss_fn = torch.nn.CrossEntropyLoss()
+    if name.startswith("mlp-"):
+        layers = []
+        for _ in range(int(name[4:]) // 2):
+            layers += [torch.nn.Linear(64, 64), torch.nn.Tanh()]
+        model = torch.nn.Sequential(*layers)
+        inputs = (torch.randn(32, 64), torch.randn(32, 64))
 
-    def make_step(model, opt, scaler):
-        def step(x, y):
+        def loss_fn(m, x, y):
+            return torch.nn.functional.mse_loss(m(x), y)
+    elif name == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+        cfg = GPT2Config(n_layer=12, n_embd=64, n_head=4, vocab_size=1000, n_positions=128)
+        model = GPT2LMHeadModel(cfg)
+        ids = torch.randint(0, cfg.vocab_size, (8, 64))
+        inputs = (ids, ids)
+
+        def loss_fn(m, x, y):
+            return m(input_ids=x, labels=y).loss
+    elif name == "timm":
+        if device.type != "cuda":
+            raise ImportError("timm's models run on the CUDA build only here (a CPU model "
+                              "of that size compiles for minutes)")
+        import timm
+        model = timm.create_model("resnet18", num_classes=10)
+        inputs = (torch.randn(32, 3, 64, 64), torch.randint(0, 10, (32,)))
+
+        def loss_fn(m, x, y):
+            return torch.nn.functional.cross_entropy(m(x), y)
+    else:
+        raise ValueError(f"unknown model {name!r} (choose from {', '.join(MODELS)})")
+    model = model.to(device)
+    return model, tuple(t.to(device) for t in inputs), loss_fn
+
+
+class Setup:
+    """One recipe on one model: ``step(*inputs)`` runs a training step;
+    ``opt_ms`` collects the optimizer + scaler part of each step where that
+    part runs outside a graph (CPU only: on CUDA it would need a sync)."""
+
+    def __init__(self, recipe, model, loss_fn, device):
+        import torchext
+        lib = (RECIPES.get(recipe) or CUDA_RECIPES[recipe])[0]
+        lr = torch.tensor(0.01)
+        capturable = recipe == "torchext-cudagraphs"
+        if lib == "torchext":
+            opt = torchext.optim.ASGD(model.parameters(), lr=lr, t0=5, capturable=capturable)
+            scaler = torchext.amp.GradScaler(init_scale=2.0**10)
+        else:
+            opt = torch.optim.ASGD(model.parameters(), lr=lr, t0=5)
+            scaler = torch.amp.GradScaler(device.type, init_scale=2.0**10)
+        self.opt, self.scaler, self.opt_ms = opt, scaler, []
+        timed = device.type == "cpu" and not recipe.endswith(("-whole", "-fullgraph"))
+        net = model
+        if recipe.endswith(("-split", "-eager-step")) or recipe == "torchext":
+            net = torch.compile(model)
+        elif recipe == "torchext-cudagraphs":
+            net = torch.compile(model, mode="reduce-overhead")
+        if recipe.endswith("-split"):
+            eager_opt_step = opt.step
+
+            def opt_step():
+                eager_opt_step()
+
+            # torch's recipe for its optimizers: not fullgraph
+            compiled_opt_step = torch.compile(_own_code(opt_step, recipe))
+
+            # scaler.step(opt) calls opt.step(): route it to the compiled one.
+            opt.step = lambda *args, **kwargs: compiled_opt_step()
+
+        def train_step(*inputs):
             opt.zero_grad(set_to_none=True)
             with _autocast(device):
-                loss = loss_fn(model(x), y)
+                loss = loss_fn(net, *inputs)
             scaler.scale(loss).backward()
+            t0 = time.perf_counter() if timed else None
             scaler.step(opt)
             scaler.update()
+            if t0 is not None:
+                self.opt_ms.append((time.perf_counter() - t0) * 1e3)
             return loss.detach()
-        return step
 
-    def torchext_step():
-        model = copy.deepcopy(base)
-        opt = torchext.optim.ASGD(model.parameters(), lr=torch.tensor(0.01, device=device),
-                                  t0=10)
-        return make_step(model, opt, torchext.amp.GradScaler(init_scale=2.0**10))
+        self.step = train_step = _own_code(train_step, recipe)
+        self.trace_autograd_ops = recipe == "torchext-fullgraph"
+        if recipe.endswith("-whole"):
+            self.step = torch.compile(train_step)
+        elif recipe == "torchext-fullgraph":
+            self.step = torch.compile(train_step, fullgraph=True)
 
-    def torch_compiled_step():
-        model = torch.compile(copy.deepcopy(base))
-        opt = torch.optim.ASGD(model.parameters(), lr=torch.tensor(0.01, device=device), t0=10)
-        eager_opt_step = opt.step
+    def __call__(self, *inputs):
+        if self.trace_autograd_ops:  # backward() inside the graph (docs/compile.md)
+            with torch._dynamo.config.patch(trace_autograd_ops=True):
+                return self.step(*inputs)
+        return self.step(*inputs)
 
-        @torch.compile  # torch's recipe for its optimizers: not fullgraph
-        def compiled_opt_step():
-            eager_opt_step()
 
-        # GradScaler.step(opt) calls opt.step(): route it to the compiled one.
-        opt.step = lambda *args, **kwargs: compiled_opt_step()
-        return make_step(model, opt, torch.amp.GradScaler(device.type, init_scale=2.0**10))
+def _own_code(fn, recipe):
+    """fn with a code object of its own: Dynamo keeps its caches per code
+    object, and setups sharing one in a process (--ab) confuse it."""
+    fn.__code__ = fn.__code__.replace(co_name=f"{fn.__name__}_{recipe.replace('-', '_')}")
+    return fn
 
-    warm = dict(warmup=2 if env.quick else 5, repeat=10 if env.quick else 50)
-    # torch's setup first: trace_autograd_ops (needed for torchext's in-graph
-    # backward) makes Dynamo fail on torch.optim.ASGD.step.
-    torch_best = torch_compiled_step()
-    t_torch = env.time(lambda: torch_best(x, y), **warm)
-    old = torch._dynamo.config.trace_autograd_ops
-    torch._dynamo.config.trace_autograd_ops = True  # backward inside the graph
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure_one(model_name, recipe, device, repeat, max_calls=12, confirm=3):
+    """Child process: to steady state, recompiles, ms/step, peak RSS."""
+    from torch._dynamo.callback import callback_handler
+    model, inputs, loss_fn = build_model(model_name, device)
+    n_tensors = sum(1 for _ in model.parameters())
+    compiles = []
+    callback_handler.register_start_callback(lambda args: compiles.append(args))
+    setup = Setup(recipe, model, loss_fn, device)
+    calls, compiled_in = [], []
+    quiet = 0
+    while len(calls) < max_calls and quiet < confirm:
+        n0 = len(compiles)
+        t0 = time.perf_counter()
+        setup(*inputs)
+        _sync(device)
+        calls.append(time.perf_counter() - t0)
+        compiled_in.append(len(compiles) - n0)
+        quiet = 0 if compiled_in[-1] else quiet + 1
+    last = max((i for i, n in enumerate(compiled_in) if n), default=-1)
+    setup.opt_ms.clear()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        setup(*inputs)
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return {
+        "tensors": n_tensors,
+        "to_steady_s": sum(calls[:last + 1]),
+        "first_call_s": calls[0],
+        "compiles": len(compiles),
+        "recompiles_after_first_call": sum(compiled_in[1:]),
+        "steady": quiet >= confirm,
+        "ms_step": statistics.median(times) * 1e3,
+        "opt_scaler_ms": statistics.median(setup.opt_ms) if setup.opt_ms else None,
+        "peak_rss_MiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def measure_interleaved(model_name, recipes, device, repeat):
+    """Child process: every recipe on its own copy of the model, timed in
+    turns (one step of each per round), so that their ratios hold on a busy
+    machine. Returns {recipe: (ms/step, optimizer + scaler ms or None)}."""
+    base, inputs, loss_fn = build_model(model_name, device)
+    setups = {r: Setup(r, copy.deepcopy(base), loss_fn, device) for r in recipes}
+    for s in setups.values():
+        for _ in range(4):
+            s(*inputs)
+        s.opt_ms.clear()
+    samples = {r: [] for r in recipes}
+    for _ in range(repeat):
+        for r, s in setups.items():
+            _sync(device)
+            t0 = time.perf_counter()
+            s(*inputs)
+            _sync(device)
+            samples[r].append(time.perf_counter() - t0)
+    return {r: (statistics.median(v) * 1e3,
+                statistics.median(setups[r].opt_ms) if setups[r].opt_ms else None)
+            for r, v in samples.items()}
+
+
+def _child(args, cache_dir, timeout):
+    """Runs this module as a child process; returns its JSON (or an error)."""
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir,
+               TORCHINDUCTOR_FX_GRAPH_CACHE="1")
+    cmd = [sys.executable, "-c", "import sys; from torchext.bench.train_step import main; "
+           "sys.exit(main(sys.argv[1:]))", "--child", *args]
     try:
-        eager = torchext_step()
-        compiled = torch.compile(torchext_step(), fullgraph=True)
-        t_eager = env.time(lambda: eager(x, y), **warm)
-        t_comp = env.time(lambda: compiled(x, y), **warm)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timeout ({timeout:.0f} s)"}
+    for line in reversed(out.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
+    return {"error": tail[:200]}
+
+
+def run_model(model_name, recipes, device, repeat, timeout, ab=True, log=None):
+    """Every recipe on one model, one child each (cold cache), then the
+    interleaved ms/step of those that finished, in one child (their caches
+    merged, so it compiles fast). Returns {recipe: row}."""
+    rows = {}
+    tmp = tempfile.mkdtemp(prefix="torchext-bench-")
+    merged = os.path.join(tmp, "merged")
+    try:
+        for r in recipes:
+            cache = os.path.join(tmp, r)
+            rows[r] = _child(["--model", model_name, "--recipe", r, "--device", device.type,
+                              "--repeat", str(repeat)], cache, timeout)
+            if log:
+                log(f"{model_name} {r}: {rows[r]}")
+            if "error" not in rows[r] and os.path.isdir(cache):
+                shutil.copytree(cache, merged, dirs_exist_ok=True)
+        # Each recipe timed against torchext's recommended one in one process,
+        # interleaved (pairs: Dynamo mixes up some setups sharing a process).
+        done = [r for r in recipes if "error" not in rows[r]]
+        if ab and "torchext" in done:
+            for r in done:
+                if r == "torchext":
+                    continue
+                res = _child(["--model", model_name, "--ab", f"torchext,{r}", "--device",
+                              device.type, "--repeat", str(repeat)], merged, timeout * 2)
+                if log:
+                    log(f"{model_name} torchext vs {r}, interleaved: {res}")
+                if "error" in res:
+                    rows[r]["ab_error"] = res["error"]
+                    continue
+                (ours, ours_opt), (theirs, theirs_opt) = res["torchext"], res[r]
+                rows[r].update(ab_ms_step=theirs, ab_opt_scaler_ms=theirs_opt,
+                               ab_speedup=theirs / ours)
+                rows["torchext"].setdefault("ab_pairs", []).append((ours, ours_opt))
+            pairs = rows["torchext"].get("ab_pairs")
+            if pairs:
+                rows["torchext"]["ab_ms_step"] = statistics.median(p[0] for p in pairs)
+                if pairs[0][1] is not None:
+                    rows["torchext"]["ab_opt_scaler_ms"] = statistics.median(p[1] for p in pairs)
     finally:
-        torch._dynamo.config.trace_autograd_ops = old
-    t_torch = min(t_torch, env.time(lambda: torch_best(x, y), **{**warm, "warmup": 2}))
-    return Result.from_seconds(NAME, name, {
-        "torchext, torch.compile(fullgraph=True)": t_comp,
-        "torchext, eager": t_eager,
-        "torch: compiled model + compiled opt.step, eager scaler": t_torch,
-    })
+        shutil.rmtree(tmp, ignore_errors=True)
+    return rows
+
+
+# ------------------------------------------------------------- bench plugin
+
+def cases(env):
+    models = QUICK_MODELS if env.quick else MODELS
+    return [m for m in models if m != "timm" or env.device == "cuda"]
+
+
+def recipes_for(env):
+    if env.quick:
+        return list(QUICK_RECIPES)
+    return list(RECIPES) + (list(CUDA_RECIPES) if env.device == "cuda" else [])
+
+
+def run_case(env, name):
+    device = torch.device(env.device)
+    rows = run_model(name, recipes_for(env), device, repeat=10 if env.quick else 40,
+                     timeout=float(os.environ.get("TORCHEXT_BENCH_TIMEOUT", 900)))
+    return result_of(name, rows)
+
+
+def result_of(name, rows):
+    """A Result: ms/step per recipe (the interleaved timing when there is
+    one), torchext's recommended recipe first; extra holds every row."""
+    ms = {}
+    for r, row in rows.items():
+        if "error" not in row:
+            ms[r] = row.get("ab_ms_step", row["ms_step"])
+    ours = ms.get("torchext")
+    tensors = next((row["tensors"] for row in rows.values() if "tensors" in row), None)
+    speedup = {r: rows[r].get("ab_speedup", v / ours if ours else None)
+               for r, v in ms.items() if r != "torchext"}
+    return Result(NAME, name, ms=ms, speedup=speedup,
+                  extra={"tensors": tensors, "recipes": rows})
+
+
+def _fmt(v, spec):
+    return "-" if v is None else format(v, spec)
 
 
 def report(env, results):
-    lines = []
-    for r in results:
-        (ours, ours_ms), *others = r.ms.items()
-        rows = [[ours, f"{ours_ms:.2f}", "1.00x"]]
-        rows += [[k, f"{ms:.2f}", f"{r.speedup[k]:.2f}x"] for k, ms in others]
-        lines += [f"{r.case}, {env.device}, {torch.get_num_threads()} threads, "
-                  f"torch {torch.__version__}",
-                  table(["setup", "ms / step", "compiled torchext speed-up"], rows)]
-    return "\n".join(lines)
+    out = [f"Compiled training step, {env.device}, {torch.get_num_threads()} threads, torch "
+           f"{torch.__version__}. to steady: every compile and recompile until none comes "
+           f"(cold inductor cache, one process per recipe); speed-up: torchext's recommended "
+           f"recipe over that one, timed interleaved in one process"]
+    for res in results:
+        rows = res.extra["recipes"]
+        lines = []
+        for r, row in rows.items():
+            what = (RECIPES.get(r) or CUDA_RECIPES[r])[1]
+            if "error" in row:
+                lines.append([r, what, row["error"], "", "", "", "", ""])
+                continue
+            sp = res.speedup.get(r)
+            lines.append([r, what, f"{row['to_steady_s']:.1f} s",
+                          str(row["recompiles_after_first_call"]) + ("" if row["steady"] else "+"),
+                          f"{res.ms[r]:.2f}", "" if sp is None else f"{sp:.2f}x",
+                          _fmt(row.get("ab_opt_scaler_ms", row["opt_scaler_ms"]), ".3f"),
+                          f"{row['peak_rss_MiB']:.0f}"])
+        out.append(f"\n{res.case} ({res.extra['tensors']} parameter tensors)")
+        out.append(table(["recipe", "what", "to steady", "recompiles", "ms/step", "speed-up",
+                          "opt+scaler ms", "peak RSS MiB"], lines))
+    return "\n".join(out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--models", default=",".join(MODELS[:-1]))
+    ap.add_argument("--recipes", default=",".join(RECIPES))
+    ap.add_argument("--repeat", type=int, default=40)
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per child process")
+    ap.add_argument("--no-ab", action="store_true", help="skip the interleaved timing")
+    ap.add_argument("--json", help="write every row here")
+    # internal: one child process
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--model", help=argparse.SUPPRESS)
+    ap.add_argument("--recipe", help=argparse.SUPPRESS)
+    ap.add_argument("--ab", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    if args.child:
+        try:
+            if args.ab:
+                res = measure_interleaved(args.model, args.ab.split(","), device, args.repeat)
+            else:
+                res = measure_one(args.model, args.recipe, device, args.repeat)
+        except ImportError as e:
+            res = {"error": f"skipped: {e}"}
+        print(json.dumps(res), flush=True)
+        return 0
+    from .common import Env
+    env = Env(args.device, quick=False)
+    results = []
+    for m in args.models.split(","):
+        rows = run_model(m, args.recipes.split(","), device, args.repeat, args.timeout,
+                         ab=not args.no_ab, log=lambda s: print(s, file=sys.stderr, flush=True))
+        results.append(result_of(m, rows))
+        print(report(env, results[-1:]), flush=True)
+    if args.json:
+        import dataclasses
+        with open(args.json, "w") as f:
+            json.dump([dataclasses.asdict(r) for r in results], f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
