@@ -140,13 +140,27 @@ C10_HOST_DEVICE inline void asgd_update(V& p, V& ax, V g, const C& c, MulAdd mad
 // float32 for the float32 lr tensors schedulers keep, one rounding per
 // operation, in that order (lr_is_float; a float64 lr tensor is the double
 // formula).
+// torch's float32 `tensor ** alpha` (alpha >= 0 here): its special cases,
+// then std::pow(float, double) on the CPU and powf on CUDA, as ATen's
+// pow_tensor_scalar kernels compute it.
+C10_HOST_DEVICE inline float pow_as_torch(float base, double alpha) {
+  if (alpha == 0.5) return ::sqrtf(base);
+  if (alpha == 2.0) return mul(base, base);
+  if (alpha == 3.0) return mul(mul(base, base), base);
+#ifdef __CUDA_ARCH__
+  return ::powf(base, static_cast<float>(alpha));
+#else
+  return static_cast<float>(::pow(static_cast<double>(base), alpha));
+#endif
+}
+
 C10_HOST_DEVICE inline double asgd_eta(double lr, double lambd, double alpha,
                                        double step, bool lr_is_float) {
   if (lr_is_float) {
     const float lr_f = static_cast<float>(lr);
     const float base = add(1.0f, mul(mul(static_cast<float>(lambd), lr_f),
                                      static_cast<float>(step)));
-    return lr_f / ::powf(base, static_cast<float>(alpha));
+    return lr_f / pow_as_torch(base, alpha);
   }
   return lr / ::pow(add(1.0, mul(mul(lambd, lr), step)), alpha);
 }
