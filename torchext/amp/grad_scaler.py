@@ -426,15 +426,14 @@ class GradScaler(torch.amp.GradScaler):
         self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
 
     def _update_scale(self, found_inf: Tensor) -> None:
-        torch.ops.torchext.update_scale_(
+        torch.ops.torchext.update_scale_.default(
             self._scale, self._growth_tracker, self._hysteresis_tracker, found_inf,
             growth_factor=float(self._growth_factor), backoff_factor=float(self._backoff_factor),
             growth_interval=int(self._growth_interval), hysteresis=int(self._hysteresis),
             min_scale=None if self._min_scale is None else float(self._min_scale),
             max_scale=None if self._max_scale is None else float(self._max_scale))
-        skipped = found_inf > 0
-        self._last_step_skipped.copy_(skipped)
-        self._skipped_steps.add_(skipped.to(torch.int64))
+        torch.gt(found_inf, 0, out=self._last_step_skipped)
+        self._skipped_steps.add_(self._last_step_skipped)
 
     # --------------------------------------------------------- skip report
 

@@ -64,7 +64,9 @@ def must_not_sync(optimizer: Any) -> bool:
     """Whether the skip must be decided on the device (no host read)."""
     if torch.compiler.is_compiling():
         return True
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+    # (is_initialized: no capture without CUDA, and is_available costs a
+    # driver query per step)
+    if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
         return True
     return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
 
