@@ -38,3 +38,40 @@ def plot(doc, path):
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
+
+
+def plot_compile(results, path, title=""):
+    """The compiled-training matrix (torchext/bench/train_step.py): per model,
+    the time to steady state (log scale) and the ms/step of each recipe
+    relative to torch's recipe (torch-split). results: Result dicts."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recipes = list(dict.fromkeys(r for res in results for r in res["extra"]["recipes"]))
+    labels = [f"{res['case']}\n({res['extra']['tensors']} tensors)" for res in results]
+    fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(14, 4.8))
+    width = 0.8 / max(len(recipes), 1)
+    for j, rec in enumerate(recipes):
+        xs, steady, speed = [], [], []
+        for i, res in enumerate(results):
+            row = res["extra"]["recipes"].get(rec)
+            if row is None or "error" in row:
+                continue
+            xs.append(i + (j - (len(recipes) - 1) / 2) * width)
+            steady.append(row["to_steady_s"])
+            base = res["ms"].get("torch-split")
+            speed.append(base / res["ms"][rec] if base else float("nan"))
+        ax_t.bar(xs, steady, width, label=rec)
+        ax_s.bar(xs, speed, width, label=rec)
+    ax_t.set_yscale("log")
+    ax_t.set_ylabel("seconds to steady state (cold cache)")
+    ax_s.axhline(1.0, color="black", linewidth=0.8)
+    ax_s.set_ylabel("speed per step vs torch's recipe (x)")
+    for ax in (ax_t, ax_s):
+        ax.set_xticks(range(len(results)), labels, fontsize=8)
+    ax_s.legend(fontsize=7, loc="upper left")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)

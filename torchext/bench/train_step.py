@@ -210,7 +210,27 @@ def measure_one(model_name, recipe, device, repeat, max_calls=12, confirm=3):
         "ms_step": statistics.median(times) * 1e3,
         "opt_scaler_ms": statistics.median(setup.opt_ms) if setup.opt_ms else None,
         "peak_rss_MiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "phases_s": compile_phases(),
     }
+
+
+#: Where compile time goes (torch._dynamo.utils.compile_times, seconds
+#: summed over every compile of the process): tracing the bytecode, the
+#: backend (AOTAutograd + inductor) for forward graphs, the backward
+#: compiled at its first run, guards, and the C++ compiler.
+PHASES = {"dynamo tracing": "bytecode_tracing", "backend (fw)": "OutputGraph.call_user_compiler",
+          "backward compile": "backward._backward_impl", "inductor lowering": "GraphLowering.run",
+          "C++ compiler": "compile_file", "guards": "build_guards"}
+
+
+def compile_phases():
+    try:
+        from torch._dynamo.utils import compile_times
+        names, values = compile_times(repr="csv", aggregate=True)
+    except Exception:  # a private API: the breakdown is optional
+        return {}
+    got = dict(zip(names, values))
+    return {k: round(float(got[v]), 2) for k, v in PHASES.items() if v in got}
 
 
 def measure_interleaved(model_name, recipes, device, repeat):
@@ -370,6 +390,10 @@ def main(argv=None):
     ap.add_argument("--timeout", type=float, default=900, help="seconds per child process")
     ap.add_argument("--no-ab", action="store_true", help="skip the interleaved timing")
     ap.add_argument("--json", help="write every row here")
+    ap.add_argument("--plot", metavar="PNG", help="time to steady state and speed per step "
+                    "(needs matplotlib)")
+    ap.add_argument("--from-json", nargs="+", metavar="FILE",
+                    help="only draw --plot / print the tables from earlier --json files")
     # internal: one child process
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
@@ -390,15 +414,30 @@ def main(argv=None):
     from .common import Env
     env = Env(args.device, quick=False)
     results = []
+    if args.from_json:
+        for path in args.from_json:
+            with open(path) as f:
+                results += [Result(**d) for d in json.load(f)]
+        print(report(env, results))
+        if args.plot:
+            from .plot import plot_compile
+            import dataclasses
+            plot_compile([dataclasses.asdict(r) for r in results], args.plot,
+                         f"compiled training step, {args.device}, torch {torch.__version__}")
+        return 0
     for m in args.models.split(","):
         rows = run_model(m, args.recipes.split(","), device, args.repeat, args.timeout,
                          ab=not args.no_ab, log=lambda s: print(s, file=sys.stderr, flush=True))
         results.append(result_of(m, rows))
         print(report(env, results[-1:]), flush=True)
+    import dataclasses
     if args.json:
-        import dataclasses
         with open(args.json, "w") as f:
             json.dump([dataclasses.asdict(r) for r in results], f, indent=1)
+    if args.plot:
+        from .plot import plot_compile
+        plot_compile([dataclasses.asdict(r) for r in results], args.plot,
+                     f"compiled training step, {args.device}, torch {torch.__version__}")
     return 0
 
 
