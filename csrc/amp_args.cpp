@@ -4,6 +4,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <cmath>
 #include <limits>
 
 namespace torchext {
@@ -80,13 +81,15 @@ void check_update_scale_args(const at::Tensor& scale, const at::Tensor& growth_t
   TORCH_CHECK(hysteresis_tracker.device() == device, op, ": hysteresis_tracker is on ",
               hysteresis_tracker.device(), " but scale is on ", device);
   check_found_inf(op, found_inf, device);
-  TORCH_CHECK_VALUE(growth_factor > 1.0, op, ": growth_factor must be > 1, got ", growth_factor);
+  TORCH_CHECK_VALUE(growth_factor > 1.0 && std::isfinite(growth_factor), op,
+                    ": growth_factor must be > 1 and finite, got ", growth_factor);
   TORCH_CHECK_VALUE(backoff_factor > 0.0 && backoff_factor < 1.0, op,
                     ": backoff_factor must be in (0, 1), got ", backoff_factor);
   TORCH_CHECK_VALUE(growth_interval >= 1, op, ": growth_interval must be >= 1, got ",
                     growth_interval);
   TORCH_CHECK_VALUE(hysteresis >= 1, op, ": hysteresis must be >= 1, got ", hysteresis);
   const double lo = min_scale.value_or(0.0);
+  TORCH_CHECK_VALUE(std::isfinite(lo), op, ": min_scale must be finite, got ", lo);
   const double hi = max_scale.value_or(std::numeric_limits<double>::infinity());
   TORCH_CHECK_VALUE(lo >= 0.0 && lo <= hi, op, ": need 0 <= min_scale <= max_scale, got min_scale=",
                     lo, ", max_scale=", hi);

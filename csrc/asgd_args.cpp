@@ -230,12 +230,17 @@ std::optional<ASGDCall> check_asgd_header(const ASGDArgs& a) {
   // Its value can only be checked where reading it costs no device sync.
   if (a.lr.device().is_cpu() && !a.lr.is_meta()) {
     const double v = read_cpu_scalar(a.lr);
-    TORCH_CHECK_VALUE(v >= 0.0, "asgd_: invalid learning rate: ", v, " (must be >= 0)");
+    TORCH_CHECK_VALUE(v >= 0.0 && std::isfinite(v), "asgd_: invalid learning rate: ", v,
+                      " (must be finite and >= 0)");
   }
-  TORCH_CHECK_VALUE(a.lambd >= 0.0, "asgd_: invalid lambd value: ", a.lambd, " (must be >= 0)");
-  TORCH_CHECK_VALUE(a.alpha >= 0.0, "asgd_: invalid alpha value: ", a.alpha, " (must be >= 0)");
-  TORCH_CHECK_VALUE(a.weight_decay >= 0.0, "asgd_: invalid weight_decay value: ",
-                    a.weight_decay, " (must be >= 0)");
+  // inf turns the step's params and state to NaN; t0 = inf means never average.
+  TORCH_CHECK_VALUE(a.lambd >= 0.0 && std::isfinite(a.lambd), "asgd_: invalid lambd value: ",
+                    a.lambd, " (must be finite and >= 0)");
+  TORCH_CHECK_VALUE(a.alpha >= 0.0 && std::isfinite(a.alpha), "asgd_: invalid alpha value: ",
+                    a.alpha, " (must be finite and >= 0)");
+  TORCH_CHECK_VALUE(a.weight_decay >= 0.0 && std::isfinite(a.weight_decay),
+                    "asgd_: invalid weight_decay value: ", a.weight_decay,
+                    " (must be finite and >= 0)");
   TORCH_CHECK_VALUE(!std::isnan(a.t0), "asgd_: invalid t0 value: ", a.t0, " (must not be NaN)");
   if (a.packed()) check_packed_state(a);
 

@@ -158,6 +158,7 @@ def _asgd_cases() -> list[Corruption]:
     # hyperparameters, with the constructor's rules
     for key in ("lr", "lambd", "alpha", "weight_decay"):
         add(f"{key}_nan", ("param_groups[1]", key), _set(G1 + (key,), NAN))
+        add(f"{key}_inf", ("param_groups[1]", key), _set(G1 + (key,), INF))  # NaN at step 1
         add(f"{key}_negative", ("param_groups[1]", key), _set(G1 + (key,), -0.1))
         add(f"{key}_none", ("param_groups[1]", key), _set(G1 + (key,), None))
         add(f"{key}_string", ("param_groups[1]", key), _set(G1 + (key,), "0.1"))
@@ -173,6 +174,7 @@ def _asgd_cases() -> list[Corruption]:
     add("lr_tensor_complex", ("param_groups[1]", "lr"), _set(G1 + ("lr",),
                                                              lambda: torch.tensor(0.1 + 0j)))
     add("lr_tensor_nan", ("param_groups[1]", "lr"), _set(G1 + ("lr",), lambda: torch.tensor(NAN)))
+    add("lr_tensor_inf", ("param_groups[1]", "lr"), _set(G1 + ("lr",), lambda: torch.tensor(INF)))
     add("lr_tensor_negative", ("param_groups[1]", "lr"), _set(G1 + ("lr",),
                                                               lambda: torch.tensor(-0.1)))
     for key in ("maximize", "capturable", "differentiable"):
@@ -206,6 +208,7 @@ def _asgd_allowed() -> list[Corruption]:
         return sd
     return [Corruption("extra_unknown_keys", (), extra),
             Corruption("t0_per_param_none", (), _set(G0 + ("t0_per_param",), None)),
+            Corruption("t0_inf", (), _set(G1 + ("t0",), INF)),  # never average: allowed
             Corruption("t0_per_param_valid", (), _set(G0 + ("t0_per_param",),
                                                       lambda: [2.0, 1.0]))]
 
@@ -227,17 +230,23 @@ def _scaler_cases() -> list[Corruption]:
                     ("string", "1024"), ("none", None), ("bool", True)):
         add(f"scale_{name}", ("scale",), _set(("scale",), v))
     add("scale_tensor_two_elements", ("scale",), _set(("scale",), lambda: torch.ones(2)))
-    for name, v in (("one", 1.0), ("below_one", 0.5), ("nan", NAN), ("none", None)):
+    for name, v in (("one", 1.0), ("below_one", 0.5), ("nan", NAN), ("inf", INF),
+                    ("none", None)):
         add(f"growth_factor_{name}", ("growth_factor",), _set(("growth_factor",), v))
     for name, v in (("zero", 0.0), ("one", 1.0), ("above_one", 1.5), ("negative", -0.5),
-                    ("nan", NAN)):
+                    ("nan", NAN), ("inf", INF)):
         add(f"backoff_factor_{name}", ("backoff_factor",), _set(("backoff_factor",), v))
     for name, v in (("zero", 0), ("negative", -1), ("fraction", 1.5), ("string", "3"),
                     ("inf", INF)):
         add(f"growth_interval_{name}", ("growth_interval",), _set(("growth_interval",), v))
     add("growth_tracker_negative", ("_growth_tracker",), _set(("_growth_tracker",), -1))
     add("growth_tracker_fraction", ("_growth_tracker",), _set(("_growth_tracker",), 0.5))
+    add("growth_interval_nan", ("growth_interval",), _set(("growth_interval",), NAN))
     add("hysteresis_zero", ("hysteresis",), _set(("hysteresis",), 0))
+    add("hysteresis_inf", ("hysteresis",), _set(("hysteresis",), INF))
+    add("min_scale_inf", ("min_scale",),
+        lambda sd: (sd.update(min_scale=INF, max_scale=INF), sd)[1])
+    add("min_scale_nan", ("min_scale",), _set(("min_scale",), NAN))
     add("hysteresis_negative", ("hysteresis",), _set(("hysteresis",), -2))
     add("hysteresis_tracker_negative", ("_hysteresis_tracker",),
         _set(("_hysteresis_tracker",), -1))

@@ -351,3 +351,36 @@ def test_step_shows_in_the_profiler_as_torchs_does():
         names[cls] = {e.key for e in prof.key_averages() if e.key.startswith("Optimizer.step")}
     assert names[torchext.optim.ASGD] == names[torch.optim.ASGD] == {"Optimizer.step#ASGD.step"}
     assert getattr(torchext.optim.ASGD.step, "hooked", False)
+
+
+@pytest.mark.parametrize("key", ["lr", "lambd", "alpha", "weight_decay"])
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_non_finite_hyperparameters_refused_everywhere(key, value):
+    # inf for any of these makes the first step's params and state NaN.
+    p, q = torch.nn.Parameter(torch.randn(3)), torch.nn.Parameter(torch.randn(2))
+    with pytest.raises(ValueError, match="finite"):
+        torchext.optim.ASGD([p], **{key: value})
+    with pytest.raises(ValueError, match=rf"param_groups\[0\].*'{key}'"):
+        torchext.optim.ASGD([{"params": [p], key: value}])
+    opt = torchext.optim.ASGD([p], lr=0.1)
+    with pytest.raises(ValueError, match=rf"param_groups\[1\].*'{key}'"):
+        opt.add_param_group({"params": [q], key: value})
+    assert len(opt.param_groups) == 1  # nothing added
+    if key == "lr":  # a tensor lr is checked when it is given, not at each step
+        with pytest.raises(ValueError, match="finite"):
+            torchext.optim.ASGD([p], lr=torch.tensor(value))
+
+
+def test_t0_inf_means_never_average_and_is_allowed():
+    p = torch.nn.Parameter(torch.randn(3))
+    ref = torch.nn.Parameter(p.detach().clone())
+    opt = torchext.optim.ASGD([p], lr=0.1, t0=float("inf"))
+    topt = torch.optim.ASGD([ref], lr=0.1, t0=float("inf"), foreach=False)
+    for _ in range(3):
+        p.grad = torch.ones(3)
+        ref.grad = torch.ones(3)
+        opt.step()
+        topt.step()
+    assert torch.equal(p, ref) and torch.equal(opt.state[p]["ax"], topt.state[ref]["ax"])
+    with pytest.raises(ValueError, match="t0"):
+        torchext.optim.ASGD([p], t0=float("nan"))

@@ -518,3 +518,18 @@ def test_scaler_checks_grads_through_the_asgd_holders_and_matches_torch():
                                                atol=1e-7)
     # every step's check goes through the holders (no list from Python)
     assert planned == [True] * 8
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(growth_factor=float("inf")), "growth_factor"),
+    (dict(init_scale=float("inf")), "init_scale"),
+    (dict(init_scale=float("nan")), "init_scale"),
+    (dict(growth_interval=float("inf")), "growth_interval"),
+    (dict(growth_interval=float("nan")), "growth_interval"),
+    (dict(hysteresis=float("inf")), "hysteresis"),
+    (dict(min_scale=float("inf")), "min_scale"),
+    (dict(min_scale=float("nan")), "min_scale"),
+])
+def test_non_finite_options_refused(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        torchext.amp.GradScaler("cpu", **kwargs)

@@ -37,18 +37,20 @@ def check_options(*, init_scale: float, backoff_factor: float, growth_factor: fl
                   where: str = "GradScaler") -> None:
     """The rules beyond torch's own asserts (growth_factor > 1 and
     backoff_factor < 1, which torch's constructor checks itself)."""
-    if growth_factor is not None and not growth_factor > 1.0:
-        raise ValueError(f"{where}: growth_factor must be > 1, got {growth_factor}")
+    if growth_factor is not None and not 1.0 < growth_factor < math.inf:
+        raise ValueError(f"{where}: growth_factor must be > 1 and finite, got {growth_factor}")
     if not (math.isfinite(init_scale) and init_scale > 0.0):
         raise ValueError(f"{where}: init_scale must be > 0 and finite, got {init_scale}")
     if not 0.0 < backoff_factor < 1.0:
         raise ValueError(f"{where}: backoff_factor must be in (0, 1), got {backoff_factor}")
-    if int(growth_interval) < 1:
-        raise ValueError(f"{where}: growth_interval must be >= 1, got {growth_interval}")
-    if int(hysteresis) < 1:
-        raise ValueError(f"{where}: hysteresis must be >= 1, got {hysteresis}")
+    for key, v in (("growth_interval", growth_interval), ("hysteresis", hysteresis)):
+        if isinstance(v, bool) or not isinstance(v, Real) or not (
+                math.isfinite(v) and v == int(v) and v >= 1):
+            raise ValueError(f"{where}: {key} must be an integer >= 1, got {v}")
     lo = 0.0 if min_scale is None else float(min_scale)
     hi = float("inf") if max_scale is None else float(max_scale)
+    if not math.isfinite(lo):  # max_scale = inf is "no clamp"
+        raise ValueError(f"{where}: min_scale must be finite, got {min_scale}")
     if not 0.0 <= lo <= hi:
         raise ValueError(f"{where}: need 0 <= min_scale <= max_scale, got {min_scale}, "
                          f"{max_scale}")

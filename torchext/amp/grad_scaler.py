@@ -109,7 +109,8 @@ class GradScaler(torch.amp.GradScaler):
         self._allow_fp16 = allow_fp16
         self._process_group = process_group
         if self._enabled:
-            _checkpoint.check_options(init_scale=init_scale, backoff_factor=backoff_factor,
+            _checkpoint.check_options(init_scale=init_scale, growth_factor=growth_factor,
+                                      backoff_factor=backoff_factor,
                                       growth_interval=growth_interval, hysteresis=hysteresis,
                                       min_scale=min_scale, max_scale=max_scale)
             self._growth_interval = int(growth_interval)

@@ -44,13 +44,16 @@ def check_hyperparams(h: dict[str, Any], where: str | None) -> None:
         if not lr.is_floating_point():
             raise ValueError(f"{where + ': ' if where else ''}Tensor lr must be floating point, "
                              f"got {lr.dtype}")
+    # inf is refused too: lr, lambd, alpha or weight_decay at inf turn the
+    # first step's params and state to NaN (t0 = inf is allowed: never average).
     for key, name in (("lr", "learning rate"), ("lambd", "lambd value"), ("alpha", "alpha value"),
                       ("weight_decay", "weight_decay value")):
         v = _number(h.get(key))
-        if v is None or not v >= 0.0:  # NaN fails too
+        if v is None or not 0.0 <= v < math.inf:  # NaN fails too
             if where is None:
-                raise ValueError(f"Invalid {name}: {h.get(key)}")
-            raise ValueError(f"{where}: '{key}' must be a number >= 0, got {h.get(key)!r}")
+                raise ValueError(f"Invalid {name}: {h.get(key)} (must be finite and >= 0)")
+            raise ValueError(f"{where}: '{key}' must be a finite number >= 0, got "
+                             f"{h.get(key)!r}")
     t0 = _number(h.get("t0"))
     if t0 is None or math.isnan(t0):
         raise ValueError(f"{where + ': ' if where else ''}'t0' must be a number, "

@@ -337,6 +337,12 @@ class ASGD(GroupsAlias, Optimizer):
     # ------------------------------------------------------- groups and state
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """As torch's, after checking the group's hyperparameters (its own or
+        the defaults) by the constructor's rules: nothing is added when one
+        is refused."""
+        if isinstance(param_group, dict) and "_gen" in self.__dict__:
+            _checkpoint.check_hyperparams({**self.defaults, **param_group},
+                                          where=f"param_groups[{len(self.param_groups)}]")
         super().add_param_group(param_group)
         if "_gen" in self.__dict__:  # (torch's __init__ adds the first groups)
             own_containers(self, self._gen)
