@@ -532,7 +532,22 @@ ASGDTensors emulate_torch_cuda(const ASGDCase& c, const ASGDTensors& initial,
       // A tensor lr is float32; torch reads it as a Python float.
       const double lr = c.tensor_lr ? static_cast<double>(static_cast<float>(c.lr)) : c.lr;
       stp.fill_(step);
-      eta_t.fill_(lr / std::pow(1 + c.lambd * lr * step, c.alpha));
+      if (c.tensor_lr) {
+        // torch's tensor arithmetic on a float32 lr: one float32 rounding per
+        // operation. `** alpha` is std::pow(float, double) as on torch's CPU
+        // (its sqrt/square/cube special cases aside); on a GPU torch and
+        // torchext both call powf, which the host runner cannot reproduce.
+        const float lr_f = static_cast<float>(lr);
+        const float base = 1.0f + (static_cast<float>(c.lambd) * lr_f) * static_cast<float>(step);
+        const float pw = c.alpha == 0.5   ? std::sqrt(base)
+                         : c.alpha == 2.0 ? base * base
+                         : c.alpha == 3.0 ? base * base * base
+                                          : static_cast<float>(std::pow(static_cast<double>(base),
+                                                                        c.alpha));
+        eta_t.fill_(static_cast<double>(lr_f / pw));
+      } else {
+        eta_t.fill_(lr / std::pow(1 + c.lambd * lr * step, c.alpha));
+      }
       mu_t.fill_(1.0 / std::max(1.0, step - c.t0));
     }
   }
