@@ -19,6 +19,7 @@ builds them; an sdist keeps the plain version.
 import glob
 import importlib.util
 import os
+import platform
 import shutil
 import sys
 
@@ -221,6 +222,11 @@ _site = os.path.dirname(os.path.dirname(torch.__file__))
 _lib_dirs = ["torch/lib"] + sorted(os.path.relpath(d, _site) for d in
                                    glob.glob(os.path.join(_site, "nvidia", "cu[0-9]*", "lib")))
 link_flags = ["-fopenmp", "-Wl,--disable-new-dtags"]
+# pow through csrc/glibc_compat.cpp: no glibc symbol newer than 2.28
+# (manylinux_2_28, as torch's wheels).
+if sys.platform.startswith("linux") and platform.machine() == "x86_64" and \
+        platform.libc_ver()[0] == "glibc":
+    link_flags += ["-Wl,--wrap=pow"]
 for _d in _lib_dirs:
     link_flags += [f"-Wl,-rpath,$ORIGIN/../{_d}", f"-Wl,-rpath,{os.path.join(_site, _d)}"]
 include_dirs = [os.path.join(ROOT, "csrc", "include"), GENERATED_INCLUDE]
@@ -268,6 +274,10 @@ setup(
     name="torchext",
     version=full_version,
     description="Fused, compile-ready ASGD optimizer and AMP GradScaler as torch custom ops",
+    long_description=open(os.path.join(ROOT, "README.md"), encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="BSD-3-Clause",
+    license_files=["LICENSE"],
     packages=find_packages(include=["torchext", "torchext.*"]),
     package_data={"torchext": ["share/cmake/torchext/*.cmake", "include/torchext/**/*.h"]},
     ext_modules=[ext],

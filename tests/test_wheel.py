@@ -36,7 +36,19 @@ def test_version_names_the_torch_and_requires_it():
     assert f"torch=={base}" in dist.requires
     # one wheel for every Python version torch supports: the stable ABI tag
     wheel = dist.read_text("WHEEL")
-    assert re.search(r"^Tag: cp39-abi3-\w+$", wheel, re.M), wheel
+    # ... and the platform tag of torch's own wheels, which a package index takes
+    assert re.search(r"^Tag: cp39-abi3-manylinux_2_28_x86_64$", wheel, re.M), wheel
+
+
+def test_library_needs_no_glibc_newer_than_manylinux_2_28():
+    # csrc/glibc_compat.cpp: the two symbols this machine's glibc would give
+    # a newer version (pow, __libc_single_threaded) are kept at 2.28 or older.
+    out = subprocess.run([_tool("objdump"), "-T", torchext.library_path], capture_output=True,
+                         text=True, check=True).stdout
+    versions = {tuple(map(int, v.split("."))): line.split()[-1]
+                for line in out.splitlines() for v in re.findall(r"GLIBC_(\d+\.\d+)", line)}
+    newer = {v: sym for v, sym in versions.items() if v > (2, 28)}
+    assert not newer, newer
 
 
 def test_installed_files_are_what_a_user_needs():

@@ -169,6 +169,12 @@ def _own_code(fn, recipe):
     return fn
 
 
+def _cpu_seconds():
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def _sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -184,6 +190,7 @@ def measure_one(model_name, recipe, device, repeat, max_calls=12, confirm=3):
     setup = Setup(recipe, model, loss_fn, device)
     calls, compiled_in = [], []
     quiet = 0
+    cpu0 = _cpu_seconds()
     while len(calls) < max_calls and quiet < confirm:
         n0 = len(compiles)
         t0 = time.perf_counter()
@@ -192,6 +199,7 @@ def measure_one(model_name, recipe, device, repeat, max_calls=12, confirm=3):
         calls.append(time.perf_counter() - t0)
         compiled_in.append(len(compiles) - n0)
         quiet = 0 if compiled_in[-1] else quiet + 1
+    cpu_to_steady = _cpu_seconds() - cpu0
     last = max((i for i, n in enumerate(compiled_in) if n), default=-1)
     setup.opt_ms.clear()
     times = []
@@ -203,6 +211,10 @@ def measure_one(model_name, recipe, device, repeat, max_calls=12, confirm=3):
     return {
         "tensors": n_tensors,
         "to_steady_s": sum(calls[:last + 1]),
+        # CPU seconds of the warm-up calls, the compiler's included (the
+        # children compile in-process, see _child): what a busy machine
+        # does not distort.
+        "to_steady_cpu_s": cpu_to_steady,
         "first_call_s": calls[0],
         "compiles": len(compiles),
         "recompiles_after_first_call": sum(compiled_in[1:]),
@@ -258,8 +270,10 @@ def measure_interleaved(model_name, recipes, device, repeat):
 
 def _child(args, cache_dir, timeout):
     """Runs this module as a child process; returns its JSON (or an error)."""
+    # One compile thread: inductor then runs the C++ compiler as a waited-for
+    # child, so the CPU time of compiling is counted (a pool's is not).
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir,
-               TORCHINDUCTOR_FX_GRAPH_CACHE="1")
+               TORCHINDUCTOR_FX_GRAPH_CACHE="1", TORCHINDUCTOR_COMPILE_THREADS="1")
     cmd = [sys.executable, "-c", "import sys; from torchext.bench.train_step import main; "
            "sys.exit(main(sys.argv[1:]))", "--child", *args]
     try:
@@ -273,7 +287,7 @@ def _child(args, cache_dir, timeout):
     return {"error": tail[:200]}
 
 
-def run_model(model_name, recipes, device, repeat, timeout, ab=True, log=None):
+def run_model(model_name, recipes, device, repeat, timeout, ab=True, log=None, ab_with=None):
     """Every recipe on one model, one child each (cold cache), then the
     interleaved ms/step of those that finished, in one child (their caches
     merged, so it compiles fast). Returns {recipe: row}."""
@@ -294,7 +308,7 @@ def run_model(model_name, recipes, device, repeat, timeout, ab=True, log=None):
         done = [r for r in recipes if "error" not in rows[r]]
         if ab and "torchext" in done:
             for r in done:
-                if r == "torchext":
+                if r == "torchext" or (ab_with is not None and r not in ab_with):
                     continue
                 res = _child(["--model", model_name, "--ab", f"torchext,{r}", "--device",
                               device.type, "--repeat", str(repeat)], merged, timeout * 2)
@@ -370,9 +384,13 @@ def report(env, results):
                 lines.append([r, what, row["error"], "", "", "", "", ""])
                 continue
             sp = res.speedup.get(r)
-            lines.append([r, what, f"{row['to_steady_s']:.1f} s",
+            cpu = row.get("to_steady_cpu_s")
+            lines.append([r, what, f"{row['to_steady_s']:.1f} s"
+                          + ("" if cpu is None else f" ({cpu:.0f} cpu-s)"),
                           str(row["recompiles_after_first_call"]) + ("" if row["steady"] else "+"),
-                          f"{res.ms[r]:.2f}", "" if sp is None else f"{sp:.2f}x",
+                          f"{res.ms[r]:.2f}" + ("" if "ab_ms_step" in row or r == "torchext"
+                                                  else " (own process)"),
+                          "" if sp is None else f"{sp:.2f}x",
                           _fmt(row.get("ab_opt_scaler_ms", row["opt_scaler_ms"]), ".3f"),
                           f"{row['peak_rss_MiB']:.0f}"])
         out.append(f"\n{res.case} ({res.extra['tensors']} parameter tensors)")
@@ -389,6 +407,8 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=40)
     ap.add_argument("--timeout", type=float, default=900, help="seconds per child process")
     ap.add_argument("--no-ab", action="store_true", help="skip the interleaved timing")
+    ap.add_argument("--ab-with", help="time only these recipes interleaved with torchext's "
+                    "(default: all; the others keep their own process's ms/step)")
     ap.add_argument("--json", help="write every row here")
     ap.add_argument("--plot", metavar="PNG", help="time to steady state and speed per step "
                     "(needs matplotlib)")
@@ -427,7 +447,8 @@ def main(argv=None):
         return 0
     for m in args.models.split(","):
         rows = run_model(m, args.recipes.split(","), device, args.repeat, args.timeout,
-                         ab=not args.no_ab, log=lambda s: print(s, file=sys.stderr, flush=True))
+                         ab=not args.no_ab, log=lambda s: print(s, file=sys.stderr, flush=True),
+                         ab_with=args.ab_with.split(",") if args.ab_with else None)
         results.append(result_of(m, rows))
         print(report(env, results[-1:]), flush=True)
     import dataclasses
