@@ -75,3 +75,37 @@ def test_init_group_alias_gathers_like_torch_and_reports_complex():
     lists = [[] for _ in range(6)]
     assert opt._init_group(opt.param_groups[0], *lists) is True
     assert lists[0] == [p] and set(opt.state[p]) == {"step", "eta", "mu", "ax"}
+
+
+# (5) Dynamo skips code defined in torch/amp/grad_scaler.py, which is why
+# torchext's GradScaler defines every method a compiled step calls itself
+# (torchext/amp/grad_scaler.py). When this fails, torch traces that file
+# and the overrides kept only for tracing can go.
+
+def test_torch_still_skips_tracing_torch_grad_scaler():
+    import torch.amp.grad_scaler as gs
+    for name in ("scale", "unscale_", "step", "update", "_unscale_grads_"):
+        fn = getattr(gs.GradScaler, name)
+        assert inspect.getsourcefile(fn).endswith("amp/grad_scaler.py")
+        assert trace_rules.check_verbose(fn).skipped, name
+
+
+def test_old_protocol_names_still_work_with_a_warning():
+    import warnings
+
+    from torchext.amp import protocol
+
+    class Old(ASGD):  # an optimizer written against the first (dunder) names
+        _torchext_amp_step = None
+        _torchext_amp_check = None
+        __torchext_amp_step__ = True
+
+    opt = Old([torch.nn.Parameter(torch.randn(2))], lr=0.1)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert protocol.takes_grad_scale(opt)
+    assert any(issubclass(x.category, DeprecationWarning) and "_torchext_amp_step" in
+               str(x.message) for x in w)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the new names: no warning
+        assert protocol.takes_grad_scale(_opt(ASGD))

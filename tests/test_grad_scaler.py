@@ -502,7 +502,7 @@ def test_scaler_checks_grads_through_the_asgd_holders_and_matches_torch():
         for i, (p, q, gr) in enumerate(zip(ours_p, ref_p, grads)):
             p.grad = None if drop and i == 1 else gr.clone()
             q.grad = None if drop and i == 1 else gr.clone()
-        planned.append(opt.__torchext_amp_check__() is not None)
+        planned.append(opt._torchext_amp_check() is not None)
         sc.scale(one)
         rsc.scale(one)
         sc.step(opt)

@@ -39,7 +39,7 @@ def _step_takes_grad_scaler(optimizer) -> bool:
     # step(grad_scaler=...) keyword gets the scaler itself. An optimizer of
     # torchext's protocol takes grad_scale/found_inf instead; asking it
     # spares inspect.signature, a fifth of an eager step's fixed cost.
-    if getattr(optimizer, "__torchext_amp_step__", False):
+    if getattr(optimizer, protocol.STEP, False):
         return False
     return "grad_scaler" in inspect.signature(optimizer.step).parameters
 

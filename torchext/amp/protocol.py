@@ -16,9 +16,9 @@ A scaler has two ways to step an optimizer whose gradients were scaled:
 
 An optimizer opts into the fused step for **torchext's** scaler by defining
 
-* ``__torchext_amp_step__ = True``: its ``step()`` honours ``grad_scale`` and
+* ``_torchext_amp_step = True``: its ``step()`` honours ``grad_scale`` and
   ``found_inf`` as above;
-* optionally ``__torchext_amp_check__(self) -> dict[device, Tensor] | None``:
+* optionally ``_torchext_amp_check(self) -> dict[device, Tensor] | None``:
   its own read-only inf/NaN check of every gradient (found_inf per device,
   0-d float32 tensors set to nonzero on inf/NaN), or None to let the scaler
   gather the gradients itself. torchext's ASGD checks through the C++
@@ -46,17 +46,38 @@ csrc/include/torchext/amp/fused_step.h).
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["takes_grad_scale", "must_not_sync", "fused_check"]
+__all__ = ["STEP", "CHECK", "takes_grad_scale", "must_not_sync", "fused_check"]
+
+#: The protocol's names (single underscore, as torch's own
+#: ``_step_supports_amp_scaling``).
+STEP, CHECK = "_torchext_amp_step", "_torchext_amp_check"
+#: Their first spelling, dunder names (which Python reserves for itself):
+#: still honoured, with a DeprecationWarning, until torchext 0.2.
+OLD_NAMES = {STEP: "__torchext_amp_step__", CHECK: "__torchext_amp_check__"}
+
+
+def _protocol_attr(optimizer: Any, name: str, default: Any) -> Any:
+    value = getattr(optimizer, name, None)
+    if value is not None:
+        return value
+    value = getattr(optimizer, OLD_NAMES[name], None)
+    if value is None:
+        return default
+    warnings.warn(f"{type(optimizer).__name__}.{OLD_NAMES[name]} is torchext's old name for "
+                  f"{name}; rename it (the old name goes in torchext 0.2)", DeprecationWarning,
+                  stacklevel=3)
+    return value
 
 
 def takes_grad_scale(optimizer: Any) -> bool:
     """Whether ``optimizer.step()`` honours ``grad_scale``/``found_inf``."""
-    return bool(getattr(optimizer, "__torchext_amp_step__", False)
+    return bool(_protocol_attr(optimizer, STEP, False)
                 or getattr(optimizer, "_step_supports_amp_scaling", False))
 
 
@@ -73,5 +94,5 @@ def must_not_sync(optimizer: Any) -> bool:
 
 def fused_check(optimizer: Any) -> dict[torch.device, Tensor] | None:
     """The optimizer's own read-only check, when it has one."""
-    check = getattr(optimizer, "__torchext_amp_check__", None)
+    check = _protocol_attr(optimizer, CHECK, None)
     return None if check is None else check()

@@ -137,9 +137,9 @@ class ASGD(GroupsAlias, Optimizer):
     #: ``grad_scale``/``found_inf`` attributes a scaler sets (grads unscaled
     #: on the fly, nothing changed when found_inf != 0), whatever
     #: ``capturable`` says.
-    __torchext_amp_step__ = True
+    _torchext_amp_step = True
 
-    def __torchext_amp_check__(self) -> dict[torch.device, Tensor] | None:
+    def _torchext_amp_check(self) -> dict[torch.device, Tensor] | None:
         """The scaler's read-only inf/NaN check of every grad, through the
         C++ holders (no list from Python): found_inf per device (0-d
         float32), or None when a group has no holder (DTensor, unfused,
@@ -176,7 +176,7 @@ class ASGD(GroupsAlias, Optimizer):
             with torch.enable_grad():
                 loss = closure()
         # Set by a GradScaler (torch's _step_supports_amp_scaling contract, or
-        # torchext's __torchext_amp_step__): unscale on the fly, skip on device.
+        # torchext's _torchext_amp_step): unscale on the fly, skip on device.
         grad_scale = getattr(self, "grad_scale", None)
         found_inf = getattr(self, "found_inf", None)
         with torch.set_grad_enabled(self.defaults["differentiable"]):
