@@ -8,8 +8,9 @@
 #     cases through the real CUDA kernels, bit for bit against the CPU kernels);
 #   - the CUDA-graph capture/replay and reduce-overhead tests;
 #   - `python -m torchext check --device cuda`;
-#   - `python -m torchext bench --device cuda` (GB/s and % of the bandwidth
-#     bound per case, JSON in $OUT/bench.json);
+#   - `python -m torchext bench --device cuda --only asgd,amp` (GB/s and % of
+#     the bandwidth bound per case, JSON in $OUT/bench.json), and the compiled
+#     training matrix (torchext.bench.train_step, $OUT/bench_compile.json);
 #   - a compute-sanitizer memcheck pass over the op tests, where the tool is
 #     installed (skipped, not failed, where it is not);
 # and ends with one pass/fail line. Without a GPU it says so and exits 1.
@@ -67,7 +68,13 @@ RUNNER="$BUILD_DIR/cpp_tests/torchext_cuda_on_host"
 step cuda_vs_cpu "$RUNNER" --gtest_filter='CudaOnHost*:CudaDevice.*' --gtest_fail_if_no_test_ran
 step graphs "$PY" -m pytest tests -q -ra -k "graph or reduce_overhead or capturable"
 step check "$PY" -m torchext check --device cuda
-step bench "$PY" -m torchext bench --device cuda --json "$OUT/bench.json"
+step bench "$PY" -m torchext bench --device cuda --only asgd,amp --json "$OUT/bench.json"
+# Compiled training (torchext/bench/train_step.py): each recipe in its own
+# process, the model with mode="reduce-overhead" among them; timm and
+# transformers models skip, saying so, where they are not installed.
+step bench_compile "$PY" -m torchext.bench.train_step --device cuda \
+  --models mlp-64,mlp-256,timm --recipes torchext,torch-split,torchext-cudagraphs,torchext-fullgraph \
+  --timeout 400 --ab-with torch-split,torchext-cudagraphs --json "$OUT/bench_compile.json"
 
 SANITIZER=$(command -v compute-sanitizer || true)
 for c in "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" \

@@ -360,8 +360,8 @@ def result_of(name, rows):
             ms[r] = row.get("ab_ms_step", row["ms_step"])
     ours = ms.get("torchext")
     tensors = next((row["tensors"] for row in rows.values() if "tensors" in row), None)
-    speedup = {r: rows[r].get("ab_speedup", v / ours if ours else None)
-               for r, v in ms.items() if r != "torchext"}
+    # Ratios only where both were timed in one process (interleaved).
+    speedup = {r: rows[r]["ab_speedup"] for r in ms if "ab_speedup" in rows[r]}
     return Result(NAME, name, ms=ms, speedup=speedup,
                   extra={"tensors": tensors, "recipes": rows})
 
@@ -437,7 +437,7 @@ def main(argv=None):
     if args.from_json:
         for path in args.from_json:
             with open(path) as f:
-                results += [Result(**d) for d in json.load(f)]
+                results += [result_of(d["case"], d["extra"]["recipes"]) for d in json.load(f)]
         print(report(env, results))
         if args.plot:
             from .plot import plot_compile
