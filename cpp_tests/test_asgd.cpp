@@ -6,6 +6,8 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <limits>
+
 using torchext::optim::ASGD;
 using torchext::optim::ASGDOptions;
 using torchext::optim::ASGDParamState;
@@ -323,6 +325,77 @@ TEST(ASGDBadInput, OptionsAreValidated) {
                    "must be torchext::optim::ASGDOptions");
   EXPECT_THROW_MSG(opt.add_param_group(OptimizerParamGroup({q * 2})), "non-leaf");
   EXPECT_EQ(opt.param_groups().size(), 1u);
+}
+
+// Issue 25: a non-finite lr, lambd, alpha or weight_decay makes the step's
+// params and state NaN: refused by the constructor (defaults and per-group
+// options) and add_param_group, naming it; t0 = inf (never average) stays.
+TEST(ASGDBadInput, NonFiniteOptionsAreRefused) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  auto p = torch::randn({2}).requires_grad_();
+  auto q = torch::randn({3}).requires_grad_();
+  using Set = ASGDOptions (*)(double);
+  const std::vector<std::pair<std::string, Set>> keys = {
+      {"invalid learning rate", [](double v) { return ASGDOptions(v); }},
+      {"invalid lambd", [](double v) { return ASGDOptions(0.1).lambd(v); }},
+      {"invalid alpha", [](double v) { return ASGDOptions(0.1).alpha(v); }},
+      {"invalid weight_decay", [](double v) { return ASGDOptions(0.1).weight_decay(v); }},
+  };
+  for (const auto& [msg, set] : keys) {
+    for (const double v : {inf, -inf, nan}) {
+      SCOPED_TRACE(msg + " " + std::to_string(v));
+      EXPECT_THROW_MSG(ASGD({p}, set(v)), msg);
+      EXPECT_THROW_MSG(ASGD({p}, set(v)), "finite");
+      std::vector<OptimizerParamGroup> groups;
+      groups.emplace_back(std::vector<torch::Tensor>{p},
+                          std::make_unique<ASGDOptions>(set(v)));
+      EXPECT_THROW_MSG(ASGD(groups, ASGDOptions(0.1)), msg);
+      ASGD opt({p}, ASGDOptions(0.1));
+      EXPECT_THROW_MSG(opt.add_param_group(OptimizerParamGroup(
+                           {q}, std::make_unique<ASGDOptions>(set(v)))),
+                       msg);
+      EXPECT_EQ(opt.param_groups().size(), 1u);  // nothing added
+    }
+  }
+  // A CPU tensor lr is read when it is given (no sync: it is on the host).
+  for (const double v : {inf, nan}) {
+    for (const auto dt : {torch::kFloat, torch::kDouble}) {
+      EXPECT_THROW_MSG(ASGD({p}, ASGDOptions(torch::full({}, v, dt))), "invalid learning rate");
+    }
+  }
+  // t0: any number but NaN.
+  EXPECT_THROW_MSG(ASGD({p}, ASGDOptions(0.1).t0(nan)), "invalid t0");
+  EXPECT_THROW_MSG(ASGD({p}, ASGDOptions(0.1).t0_per_param({nan})), "t0_per_param[0]");
+  auto r = torch::randn({3}).requires_grad_();
+  ASGD never({r}, ASGDOptions(0.1).t0(inf));
+  for (int i = 0; i < 3; ++i) {
+    r.mutable_grad() = torch::ones({3});
+    never.step();
+  }
+  EXPECT_TRUE(torch::isfinite(r).all().item<bool>());
+  EXPECT_EQ(state_of(never, r).mu().item<double>(), 1.0);  // never averages
+  EXPECT_TRUE(torch::equal(state_of(never, r).ax(), r.detach()));
+}
+
+// An option made non-finite after construction is refused by the op at the
+// step (its validator, before anything is written): nothing changes.
+TEST(ASGDBadInput, NonFiniteOptionSetLaterIsRefusedByTheStep) {
+  const double inf = std::numeric_limits<double>::infinity();
+  auto p = torch::randn({3}).requires_grad_();
+  ASGD opt({p}, ASGDOptions(0.1));
+  p.mutable_grad() = torch::ones({3});
+  opt.step();
+  const auto before = p.detach().clone();
+  const auto ax = state_of(opt, p).ax().clone();
+  auto& o = static_cast<ASGDOptions&>(opt.param_groups()[0].options());
+  o.lambd(inf);
+  EXPECT_THROW_MSG(opt.step(), "invalid lambd");
+  o.lambd(1e-4).lr(torch::full({}, inf, torch::kDouble));  // a CPU tensor lr is read per call
+  EXPECT_THROW_MSG(opt.step(), "invalid learning rate");
+  EXPECT_TRUE(torch::equal(p.detach(), before));
+  EXPECT_TRUE(torch::equal(state_of(opt, p).ax(), ax));
+  EXPECT_EQ(state_of(opt, p).step().item<double>(), 1.0);
 }
 
 // Everything the optimizer holds: params, and per param its state (or "no

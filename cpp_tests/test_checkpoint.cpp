@@ -555,6 +555,13 @@ TEST(CorruptCheckpoints, LibTorchArchivesRefusedWhole) {
       {"weight_decay negative", "weight_decay",
        [&](ASGD& o, auto&) { options(o, 1).weight_decay(-1); }},
       {"t0 nan", "t0", [&](ASGD& o, auto&) { options(o, 1).t0(nan); }},
+      // issue 25: inf in any of these makes the next step NaN
+      {"lr inf", "learning rate", [&](ASGD& o, auto&) { options(o, 0).lr(inf); }},
+      {"lr tensor inf", "learning rate",
+       [&](ASGD& o, auto&) { options(o, 1).lr(torch::tensor(static_cast<float>(inf))); }},
+      {"lambd inf", "lambd", [&](ASGD& o, auto&) { options(o, 0).lambd(inf); }},
+      {"alpha inf", "alpha", [&](ASGD& o, auto&) { options(o, 1).alpha(inf); }},
+      {"weight_decay inf", "weight_decay", [&](ASGD& o, auto&) { options(o, 1).weight_decay(inf); }},
       {"t0_per_param too short", "t0_per_param",
        [&](ASGD& o, auto&) { options(o, 0).t0_per_param({1.0}); }},
       {"t0_per_param nan", "t0_per_param",
@@ -636,6 +643,13 @@ TEST(CorruptCheckpoints, LibTorchArchivesRefusedWhole) {
       {"min_scale", "min_scale", c10::IValue(-1.0)},
       {"max_scale", "max_scale", c10::IValue(0.5)},  // below min_scale 1
       {"max_scale", "max_scale", c10::IValue(nan)},
+      // issue 25: nothing non-finite but max_scale = inf
+      {"growth_factor", "growth_factor", c10::IValue(inf)},
+      {"backoff_factor", "backoff_factor", c10::IValue(nan)},
+      {"backoff_factor", "backoff_factor", c10::IValue(-inf)},
+      {"min_scale", "min_scale", c10::IValue(inf)},
+      {"min_scale", "min_scale", c10::IValue(nan)},
+      {"scale", "scale", f(-inf)},
   };
   GradScaler good(GradScalerOptions().init_scale(64).growth_interval(3).hysteresis(2)
                       .min_scale(1.0));

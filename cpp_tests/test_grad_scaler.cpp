@@ -184,6 +184,30 @@ TEST(GradScalerBadInput, ClearErrorsAndNoChange) {
                        std::numeric_limits<double>::infinity())),
                    "init_scale");
   EXPECT_THROW_MSG(GradScaler(GradScalerOptions().init_scale(0)), "init_scale");
+  // Issue 25: nothing non-finite that would make the scale so; max_scale =
+  // inf is "no clamp" (as nullopt).
+  {
+    const double inf = std::numeric_limits<double>::infinity();
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    for (const double v : {inf, nan}) {
+      EXPECT_THROW_MSG(GradScaler(GradScalerOptions().growth_factor(v)), "growth_factor");
+      EXPECT_THROW_MSG(GradScaler(GradScalerOptions().backoff_factor(v)), "backoff_factor");
+      EXPECT_THROW_MSG(GradScaler(GradScalerOptions().init_scale(v)), "init_scale");
+      EXPECT_THROW_MSG(GradScaler(GradScalerOptions().min_scale(v)), "min_scale");
+    }
+    EXPECT_THROW_MSG(GradScaler(GradScalerOptions().backoff_factor(-inf)), "backoff_factor");
+    EXPECT_THROW_MSG(GradScaler(GradScalerOptions().init_scale(-inf)), "init_scale");
+    EXPECT_THROW_MSG(GradScaler(GradScalerOptions().max_scale(nan)), "max_scale must not be NaN");
+    EXPECT_THROW_MSG(GradScaler(GradScalerOptions().max_scale(-inf)), "max_scale");
+    GradScaler unclamped(GradScalerOptions().max_scale(inf));
+    EXPECT_EQ(unclamped.options().max_scale(), inf);
+    unclamped.scale(torch::ones({}));
+    std::stringstream saved;
+    torch::save(unclamped, saved);
+    GradScaler back;
+    torch::load(back, saved);  // its own archive loads
+    EXPECT_EQ(back.options().max_scale(), inf);
+  }
 
   auto w = torch::ones({2}).requires_grad_();
   torch::optim::SGD opt({w}, 0.1);

@@ -91,6 +91,8 @@ void check_update_scale_args(const at::Tensor& scale, const at::Tensor& growth_t
   const double lo = min_scale.value_or(0.0);
   TORCH_CHECK_VALUE(std::isfinite(lo), op, ": min_scale must be finite, got ", lo);
   const double hi = max_scale.value_or(std::numeric_limits<double>::infinity());
+  TORCH_CHECK_VALUE(!std::isnan(hi), op,
+                    ": max_scale must not be NaN (inf or None: no clamp), got ", hi);
   TORCH_CHECK_VALUE(lo >= 0.0 && lo <= hi, op, ": need 0 <= min_scale <= max_scale, got min_scale=",
                     lo, ", max_scale=", hi);
 }

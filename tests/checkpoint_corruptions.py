@@ -164,7 +164,14 @@ def _asgd_cases() -> list[Corruption]:
         add(f"{key}_string", ("param_groups[1]", key), _set(G1 + (key,), "0.1"))
         add(f"{key}_bool", ("param_groups[1]", key), _set(G1 + (key,), True))
         add(f"{key}_missing", ("param_groups[1]", key), _del(G1 + (key,)))
+    # issue 25: a non-finite hyperparameter in the FIRST group too (inf lambd
+    # loaded without a word and turned the next step NaN)
+    for key in ("lr", "lambd", "alpha", "weight_decay"):
+        add(f"{key}_inf_group0", ("param_groups[0]", key), _set(G0 + (key,), INF))
+        add(f"{key}_nan_group0", ("param_groups[0]", key), _set(G0 + (key,), NAN))
+        add(f"{key}_negative_inf", ("param_groups[1]", key), _set(G1 + (key,), -INF))
     add("t0_nan", ("param_groups[1]", "t0"), _set(G1 + ("t0",), NAN))
+    add("t0_nan_group0", ("param_groups[0]", "t0"), _set(G0 + ("t0",), NAN))
     add("t0_none", ("param_groups[1]", "t0"), _set(G1 + ("t0",), None))
     add("t0_string", ("param_groups[1]", "t0"), _set(G1 + ("t0",), "3"))
     add("t0_missing", ("param_groups[1]", "t0"), _del(G1 + ("t0",)))
@@ -177,6 +184,10 @@ def _asgd_cases() -> list[Corruption]:
     add("lr_tensor_inf", ("param_groups[1]", "lr"), _set(G1 + ("lr",), lambda: torch.tensor(INF)))
     add("lr_tensor_negative", ("param_groups[1]", "lr"), _set(G1 + ("lr",),
                                                               lambda: torch.tensor(-0.1)))
+    add("lr_tensor_inf_group0", ("param_groups[0]", "lr"),
+        _set(G0 + ("lr",), lambda: torch.tensor(INF)))
+    add("lr_tensor_float64_nan", ("param_groups[1]", "lr"),
+        _set(G1 + ("lr",), lambda: torch.tensor(NAN, dtype=torch.float64)))
     for key in ("maximize", "capturable", "differentiable"):
         add(f"{key}_not_a_bool", ("param_groups[1]", key), _set(G1 + (key,), 1))
     add("maximize_none", ("param_groups[1]", "maximize"), _set(G1 + ("maximize",), None))
@@ -209,6 +220,10 @@ def _asgd_allowed() -> list[Corruption]:
     return [Corruption("extra_unknown_keys", (), extra),
             Corruption("t0_per_param_none", (), _set(G0 + ("t0_per_param",), None)),
             Corruption("t0_inf", (), _set(G1 + ("t0",), INF)),  # never average: allowed
+            Corruption("t0_inf_group0", (), _set(G0 + ("t0",), INF)),
+            Corruption("t0_tensor_inf", (), _set(G1 + ("t0",), lambda: torch.tensor(INF))),
+            Corruption("t0_per_param_inf", (), _set(G0 + ("t0_per_param",),
+                                                    lambda: [INF, 1.0])),
             Corruption("t0_per_param_valid", (), _set(G0 + ("t0_per_param",),
                                                       lambda: [2.0, 1.0]))]
 
@@ -256,6 +271,21 @@ def _scaler_cases() -> list[Corruption]:
     add("min_above_max", ("min_scale", "max_scale"),
         lambda sd: (sd.update(min_scale=100.0, max_scale=10.0), sd)[1])
     add("max_scale_nan", ("max_scale",), _set(("max_scale",), NAN))
+    # issue 25: nothing non-finite where the scale or a count would become so
+    add("scale_negative_inf", ("scale",), _set(("scale",), -INF))
+    add("scale_tensor_inf", ("scale",), _set(("scale",), lambda: torch.tensor(INF)))
+    add("scale_tensor_nan", ("scale",), _set(("scale",), lambda: torch.tensor(NAN)))
+    add("backoff_factor_negative_inf", ("backoff_factor",), _set(("backoff_factor",), -INF))
+    add("growth_interval_negative_inf", ("growth_interval",), _set(("growth_interval",), -INF))
+    add("growth_tracker_inf", ("_growth_tracker",), _set(("_growth_tracker",), INF))
+    add("growth_tracker_nan", ("_growth_tracker",), _set(("_growth_tracker",), NAN))
+    add("hysteresis_nan", ("hysteresis",), _set(("hysteresis",), NAN))
+    add("hysteresis_tracker_inf", ("_hysteresis_tracker",), _set(("_hysteresis_tracker",), INF))
+    add("hysteresis_tracker_nan", ("_hysteresis_tracker",), _set(("_hysteresis_tracker",), NAN))
+    add("min_scale_negative_inf", ("min_scale",), _set(("min_scale",), -INF))
+    add("max_scale_negative_inf", ("max_scale",), _set(("max_scale",), -INF))
+    add("skipped_steps_inf", ("skipped_steps",), _set(("skipped_steps",), INF))
+    add("skipped_steps_nan", ("skipped_steps",), _set(("skipped_steps",), NAN))
     add("skipped_steps_negative", ("skipped_steps",), _set(("skipped_steps",), -1))
     for name, v in (("too_new", 99), ("negative", -1), ("string", "1"), ("bool", True),
                     ("float", 1.0)):
@@ -283,7 +313,9 @@ def _scaler_allowed() -> list[Corruption]:
         return {k: sd[k] for k in ("scale", "growth_factor", "backoff_factor", "growth_interval",
                                    "_growth_tracker")}
     return [Corruption("extra_unknown_key", (), extra),
-            Corruption("torch_format", (), torch_format)]
+            Corruption("torch_format", (), torch_format),
+            # max_scale = inf is "no clamp", as None (issue 25)
+            Corruption("max_scale_inf", (), _set(("max_scale",), INF))]
 
 
 ASGD_CASES = _asgd_cases()

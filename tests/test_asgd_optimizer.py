@@ -8,6 +8,7 @@ import torch
 
 import torchext
 from torch.optim.optimizer import register_optimizer_step_pre_hook
+from conftest import requires_cuda
 from helpers import all_state, data, rel_err, small_model, train, twin
 
 ASGD = torchext.optim.ASGD
@@ -384,3 +385,104 @@ def test_t0_inf_means_never_average_and_is_allowed():
     assert torch.equal(p, ref) and torch.equal(opt.state[p]["ax"], topt.state[ref]["ax"])
     with pytest.raises(ValueError, match="t0"):
         torchext.optim.ASGD([p], t0=float("nan"))
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
+def test_non_finite_tensor_lr_refused_where_it_is_given(value):
+    # A CPU tensor lr is read (no device sync) in the constructor, per group,
+    # in add_param_group and in load_state_dict; nothing changes when refused.
+    p, q = torch.nn.Parameter(torch.randn(3)), torch.nn.Parameter(torch.randn(2))
+    for dtype in (torch.float32, torch.float64):
+        bad = torch.tensor(value, dtype=dtype)
+        with pytest.raises(ValueError, match="learning rate"):
+            torchext.optim.ASGD([p], lr=bad)
+        with pytest.raises(ValueError, match=r"param_groups\[0\].*'lr'"):
+            torchext.optim.ASGD([{"params": [p], "lr": bad}], lr=torch.tensor(0.1))
+        opt = torchext.optim.ASGD([p], lr=torch.tensor(0.1))
+        with pytest.raises(ValueError, match=r"param_groups\[1\].*'lr'"):
+            opt.add_param_group({"params": [q], "lr": bad})
+        assert len(opt.param_groups) == 1
+        p.grad = torch.ones(3)
+        opt.step()
+        sd = opt.state_dict()
+        sd["param_groups"][0]["lr"] = bad
+        before = (p.detach().clone(), copy.deepcopy(dict(opt.state[p])))
+        with pytest.raises(ValueError, match=r"param_groups\[0\].*'lr'"):
+            opt.load_state_dict(sd)
+        assert torch.equal(p, before[0]) and opt.param_groups[0]["lr"].item() == pytest.approx(0.1)
+        assert all(torch.equal(opt.state[p][k], v) for k, v in before[1].items())
+
+
+def test_inf_lambd_checkpoint_in_the_first_group_is_refused():
+    # issue 25's report: it loaded without a word and the next step went NaN
+    p = torch.nn.Parameter(torch.randn(3))
+    opt = torchext.optim.ASGD([p], lr=0.1)
+    p.grad = torch.ones(3)
+    opt.step()
+    sd = opt.state_dict()
+    sd["param_groups"][0]["lambd"] = float("inf")
+    with pytest.raises(ValueError, match=r"param_groups\[0\]: 'lambd' must be a finite number"):
+        opt.load_state_dict(sd)
+    assert opt.param_groups[0]["lambd"] == 1e-4
+    opt.step()
+    assert torch.isfinite(p).all() and all(torch.isfinite(v).all() for v in opt.state[p].values())
+
+
+@pytest.mark.parametrize("key", ["lambd", "alpha", "weight_decay", "lr"])
+def test_non_finite_value_set_after_construction_is_refused_by_the_step(key):
+    # The op's validator refuses it before writing anything (lr: a float, or a
+    # CPU tensor, read without a sync; a device lr is never read on the step).
+    p = torch.nn.Parameter(torch.randn(3))
+    opt = torchext.optim.ASGD([p], lr=0.1)
+    p.grad = torch.ones(3)
+    opt.step()
+    before = (p.detach().clone(), {k: v.clone() for k, v in opt.state[p].items()})
+    for bad in (float("inf"), float("nan")):
+        opt.param_groups[0][key] = bad
+        with pytest.raises(ValueError, match="learning rate" if key == "lr" else key):
+            opt.step()
+    if key == "lr":
+        opt.param_groups[0]["lr"] = torch.tensor(float("inf"))
+        with pytest.raises(ValueError, match="learning rate"):
+            opt.step()
+    assert torch.equal(p, before[0])
+    assert all(torch.equal(opt.state[p][k], v) for k, v in before[1].items())
+
+
+def test_a_device_tensor_lr_is_not_read_at_construction():
+    # Its value cannot be read without a sync (meta: it has none): only its
+    # shape and dtype are checked; the user owns it, as with torch.
+    m = torch.nn.Parameter(torch.empty(3, device="meta"))
+    opt = torchext.optim.ASGD([m], lr=torch.tensor(0.1, device="meta"))
+    opt.add_param_group({"params": [torch.nn.Parameter(torch.empty(2, device="meta"))],
+                         "lr": torch.tensor(0.2, device="meta")})
+    with pytest.raises(ValueError, match="1-element"):
+        torchext.optim.ASGD([m], lr=torch.ones(2, device="meta"))
+
+
+@requires_cuda
+def test_a_cuda_tensor_lr_is_not_read_at_construction():
+    from helpers import NoHostSync
+    p = torch.nn.Parameter(torch.randn(3, device="cuda"))
+    lr = torch.tensor(0.1, device="cuda")
+    with NoHostSync():
+        opt = torchext.optim.ASGD([p], lr=lr)
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.randn(2, device="cuda"))],
+                             "lr": lr})
+    assert opt.param_groups[0]["lr"] is lr
+
+
+def test_t0_minus_inf_is_allowed_and_matches_torch():
+    # t0 is any number but NaN; -inf gives mu = 0 after the first step, as torch
+    p = torch.nn.Parameter(torch.randn(3))
+    ref = torch.nn.Parameter(p.detach().clone())
+    opt = torchext.optim.ASGD([p], lr=0.1, t0=float("-inf"))
+    topt = torch.optim.ASGD([ref], lr=0.1, t0=float("-inf"), foreach=False)
+    for _ in range(3):
+        p.grad = torch.ones(3)
+        ref.grad = torch.ones(3)
+        opt.step()
+        topt.step()
+    assert torch.equal(p, ref)
+    for k in ("ax", "mu", "eta", "step"):
+        assert torch.equal(opt.state[p][k], topt.state[ref][k]), k

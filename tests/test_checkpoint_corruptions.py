@@ -85,6 +85,9 @@ def test_asgd_allowed_changes_load(case, good_asgd):
         assert torch.equal(p, q)
     if case.name == "extra_unknown_keys":  # kept, as torch keeps them
         assert opt.param_groups[1]["user_key"] == "kept"
+    if case.name.startswith("t0_inf"):  # never averages: mu stays 1, ax follows the param
+        p = params[0] if case.name.endswith("group0") else params[2]
+        assert opt.state[p]["mu"].item() == 1.0 and torch.equal(opt.state[p]["ax"], p)
 
 
 def test_asgd_good_checkpoint_loads_and_continues(good_asgd):

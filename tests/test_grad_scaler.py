@@ -529,7 +529,43 @@ def test_scaler_checks_grads_through_the_asgd_holders_and_matches_torch():
     (dict(hysteresis=float("inf")), "hysteresis"),
     (dict(min_scale=float("inf")), "min_scale"),
     (dict(min_scale=float("nan")), "min_scale"),
+    (dict(growth_factor=float("nan")), "growth_factor"),  # torch's `<= 1` lets NaN through
+    (dict(backoff_factor=float("nan")), "backoff_factor"),
+    (dict(backoff_factor=float("-inf")), "backoff_factor"),
+    (dict(init_scale=float("-inf")), "init_scale"),
+    (dict(hysteresis=float("nan")), "hysteresis"),
+    (dict(growth_interval=float("-inf")), "growth_interval"),
+    (dict(min_scale=float("-inf")), "min_scale"),
+    (dict(max_scale=float("nan")), "max_scale must not be NaN"),
+    (dict(max_scale=float("-inf")), "max_scale"),
 ])
 def test_non_finite_options_refused(kwargs, name):
     with pytest.raises(ValueError, match=name):
         torchext.amp.GradScaler("cpu", **kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [dict(growth_factor=1.0), dict(growth_factor=0.5),
+                                    dict(backoff_factor=1.0), dict(backoff_factor=2.0)])
+def test_what_torch_refuses_stays_torchs_assertion(kwargs):
+    with pytest.raises(AssertionError) as theirs:
+        torch.amp.GradScaler("cpu", **kwargs)
+    with pytest.raises(AssertionError) as ours:
+        torchext.amp.GradScaler("cpu", **kwargs)
+    assert str(ours.value) == str(theirs.value)
+
+
+def test_max_scale_inf_means_no_clamp_as_none():
+    runs = []
+    for max_scale in (None, float("inf")):
+        s = torchext.amp.GradScaler("cpu", init_scale=2.0 ** 100, growth_factor=2.0 ** 20,
+                                    growth_interval=1, max_scale=max_scale)
+        w = torch.nn.Parameter(torch.ones(2))
+        opt = torch.optim.SGD([w], lr=0.0)
+        for _ in range(3):
+            s.scale(w.sum()).backward()
+            s.step(opt)
+            s.update()
+            opt.zero_grad()
+        runs.append(s.get_scale())
+        assert s.load_state_dict(s.state_dict()) is None  # its own checkpoint loads
+    assert runs[0] == runs[1] and runs[0] > 2.0 ** 100

@@ -161,6 +161,8 @@ def test_meta_kernels_validate_like_cpu():
     the Meta kernels directly, with good and bad input."""
     a = asgd_inputs(device="meta")
     ops.asgd_(*a, **KW)  # runs, touches nothing
+    with pytest.raises(ValueError, match="invalid lambd value: inf"):
+        ops.asgd_(*a, **{**KW, "lambd": float("inf")})
     ops.asgd_(*a, **{**KW, "lr": torch.tensor(0.1, device="meta")})
     with pytest.raises(TypeError, match=r"grads\[1\] has dtype Double"):
         ops.asgd_(a[0], [a[1][0], a[1][1].double(), a[1][2]], *a[2:], **KW)
@@ -280,6 +282,11 @@ def _bad_asgd_cases():
     a = mk(); a[2][0] = a[0][0]; cases["alias"] = (a, KW, RuntimeError, "must not share memory")
     for name, val in (("lr", -0.1), ("lambd", -1.0), ("alpha", -0.5), ("weight_decay", -1e-3)):
         cases[f"negative {name}"] = (mk(), {**KW, name: lr_t(val) if name == "lr" else val}, ValueError, f"invalid {name.replace('lr', 'learning rate')}")
+    # issue 25: inf makes the step's params and state NaN (t0 = inf is allowed)
+    for name in ("lr", "lambd", "alpha", "weight_decay"):
+        for val in (float("inf"), float("nan")):
+            cases[f"{val} {name}"] = (mk(), {**KW, name: lr_t(val) if name == "lr" else val}, ValueError, f"invalid {name.replace('lr', 'learning rate')}.*must be finite")
+    cases["nan t0"] = (mk(), {**KW, "t0": float("nan")}, ValueError, "invalid t0")
     cases["grad_scale shape"] = (mk(), {**KW, "grad_scale": torch.ones(2)}, ValueError, "grad_scale must hold")
     cases["grad_scale dtype"] = (mk(), {**KW, "grad_scale": torch.ones((), dtype=torch.float64)}, TypeError, "grad_scale must be a float32")
     cases["found_inf dtype"] = (mk(), {**KW, "found_inf": torch.zeros((), dtype=torch.int32)}, TypeError, "found_inf must be a float32")
@@ -323,6 +330,11 @@ def test_update_scale_bad_input(index, bad, exc, match):
     (dict(growth_interval=0), "growth_interval must be >= 1"),
     (dict(hysteresis=0), "hysteresis must be >= 1"),
     (dict(min_scale=10.0, max_scale=1.0), "min_scale <= max_scale"),
+    (dict(growth_factor=float("inf")), "growth_factor must be > 1 and finite"),
+    (dict(growth_factor=float("nan")), "growth_factor must be > 1 and finite"),
+    (dict(backoff_factor=float("nan")), "backoff_factor must be in"),
+    (dict(min_scale=float("inf")), "min_scale must be finite"),
+    (dict(max_scale=float("nan")), "max_scale must not be NaN"),
 ])
 def test_update_scale_bad_settings(kwargs, match):
     kw = dict(growth_factor=2.0, backoff_factor=0.5, growth_interval=3)
@@ -403,3 +415,14 @@ def test_update_scale_matches_torch_rule():
                           growth_interval=7)
         torch._amp_update_scale_(rs, rt, f.clone(), 2.0, 0.5, 7)
         assert s.item() == rs.item() and t.item() == rt.item()
+
+
+def test_t0_inf_is_allowed_by_the_op():
+    a = asgd_inputs()
+    b = copy.deepcopy(a)
+    ops.asgd_(*a, **{**KW, "t0": float("inf")})
+    ops.asgd_(*b, **{**KW, "t0": 1e300})  # the same schedule: never averaging
+    for x, y in zip(a, b):
+        for s, t in zip(x, y):
+            assert torch.equal(s, t)
+    assert all(torch.isfinite(t).all() for lst in a for t in lst)

@@ -36,7 +36,14 @@ def check_options(*, init_scale: float, backoff_factor: float, growth_factor: fl
                   growth_interval: Any, hysteresis: Any, min_scale: Any, max_scale: Any,
                   where: str = "GradScaler") -> None:
     """The rules beyond torch's own asserts (growth_factor > 1 and
-    backoff_factor < 1, which torch's constructor checks itself)."""
+    backoff_factor < 1, which torch's constructor checks itself).
+
+    Nothing non-finite where it would make the scale non-finite: a finite
+    init_scale > 0, a finite growth_factor > 1, backoff_factor in (0, 1),
+    integer (so finite) growth_interval and hysteresis >= 1, a finite
+    min_scale >= 0; max_scale may be inf (no clamp, the default None) but
+    not NaN. The C++ rules are update_scale_'s validator
+    (csrc/amp_args.cpp) plus the same init_scale check."""
     if growth_factor is not None and not 1.0 < growth_factor < math.inf:
         raise ValueError(f"{where}: growth_factor must be > 1 and finite, got {growth_factor}")
     if not (math.isfinite(init_scale) and init_scale > 0.0):
@@ -51,6 +58,9 @@ def check_options(*, init_scale: float, backoff_factor: float, growth_factor: fl
     hi = float("inf") if max_scale is None else float(max_scale)
     if not math.isfinite(lo):  # max_scale = inf is "no clamp"
         raise ValueError(f"{where}: min_scale must be finite, got {min_scale}")
+    if math.isnan(hi):
+        raise ValueError(f"{where}: max_scale must not be NaN (inf or None: no clamp), "
+                         f"got {max_scale}")
     if not 0.0 <= lo <= hi:
         raise ValueError(f"{where}: need 0 <= min_scale <= max_scale, got {min_scale}, "
                          f"{max_scale}")

@@ -34,20 +34,39 @@ def _number(v: Any) -> float | None:
     return None
 
 
+def _lr_value_readable(lr: Tensor) -> bool:
+    """Whether a tensor lr's value can be read without a device sync: only
+    where it lives in host memory (a CUDA lr is not read, a meta one holds
+    no value). The asgd_ op's validator reads the same ones
+    (csrc/asgd_args.cpp: check_asgd_header)."""
+    local = _dtensor.to_local(lr)
+    return local.device.type == "cpu" and not local.is_meta
+
+
 def check_hyperparams(h: dict[str, Any], where: str | None) -> None:
     """lr, lambd, alpha, t0, weight_decay by the constructor's rules
-    (torch's messages when ``where`` is None: the constructor)."""
+    (torch's messages when ``where`` is None: the constructor).
+
+    The rule (one home per language; C++: the asgd_ op's validator): lr,
+    lambd, alpha and weight_decay finite and >= 0 (inf makes the step's
+    params and state NaN); t0 any number but NaN (inf: never average).
+    A tensor lr must hold one floating-point element; its value is checked
+    here when it is on the CPU, never read from a device (no sync); after
+    that it is the user's, as in torch (a scheduler may write it)."""
     lr = h.get("lr")
+    skip_value = ()
     if isinstance(lr, Tensor):
         if lr.numel() != 1:
             raise ValueError(f"{where + ': ' if where else ''}Tensor lr must be 1-element")
         if not lr.is_floating_point():
             raise ValueError(f"{where + ': ' if where else ''}Tensor lr must be floating point, "
                              f"got {lr.dtype}")
-    # inf is refused too: lr, lambd, alpha or weight_decay at inf turn the
-    # first step's params and state to NaN (t0 = inf is allowed: never average).
+        if not _lr_value_readable(lr):
+            skip_value = ("lr",)
     for key, name in (("lr", "learning rate"), ("lambd", "lambd value"), ("alpha", "alpha value"),
                       ("weight_decay", "weight_decay value")):
+        if key in skip_value:
+            continue
         v = _number(h.get(key))
         if v is None or not 0.0 <= v < math.inf:  # NaN fails too
             if where is None:
@@ -56,8 +75,8 @@ def check_hyperparams(h: dict[str, Any], where: str | None) -> None:
                              f"{h.get(key)!r}")
     t0 = _number(h.get("t0"))
     if t0 is None or math.isnan(t0):
-        raise ValueError(f"{where + ': ' if where else ''}'t0' must be a number, "
-                         f"got {h.get('t0')!r}")
+        raise ValueError(f"{where + ': ' if where else ''}'t0' must be a number, not NaN "
+                         f"(inf: never average), got {h.get('t0')!r}")
 
 
 def _saved_id_to_param(opt, state_dict) -> dict[Any, Tensor]:

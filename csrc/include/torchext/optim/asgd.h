@@ -79,8 +79,9 @@ struct TORCHEXT_API ASGDOptions
   double get_lr() const override;
   void set_lr(const double lr) override;
   // Throws c10::Error (ValueError in Python terms) on a bad value: the
-  // asgd_ op's own rules (lr, lambd, alpha, weight_decay >= 0, t0 and every
-  // t0_per_param value not NaN).
+  // asgd_ op's own rules (lr, lambd, alpha, weight_decay finite and >= 0;
+  // t0 and every t0_per_param value not NaN, inf meaning never average).
+  // A tensor lr's value is checked only on the CPU (no device read, no sync).
   void validate() const;
   TORCHEXT_API friend bool operator==(const ASGDOptions& lhs, const ASGDOptions& rhs);
 
