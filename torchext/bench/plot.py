@@ -42,35 +42,40 @@ def plot(doc, path):
 
 def plot_compile(results, path, title=""):
     """The compiled-training matrix (torchext/bench/train_step.py): per model,
-    the time to steady state (log scale) and the ms/step of each recipe
-    relative to torch's recipe (torch-split). results: Result dicts."""
+    the time to steady state of each recipe (log scale), and torchext's
+    speed-up per step over each recipe it was timed with in one process.
+    results: Result dicts."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     recipes = list(dict.fromkeys(r for res in results for r in res["extra"]["recipes"]))
+    others = [r for r in recipes if r != "torchext"]
     labels = [f"{res['case']}\n({res['extra']['tensors']} tensors)" for res in results]
     fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(14, 4.8))
-    width = 0.8 / max(len(recipes), 1)
-    for j, rec in enumerate(recipes):
-        xs, steady, speed = [], [], []
-        for i, res in enumerate(results):
-            row = res["extra"]["recipes"].get(rec)
-            if row is None or "error" in row:
-                continue
-            xs.append(i + (j - (len(recipes) - 1) / 2) * width)
-            steady.append(row["to_steady_s"])
-            base = res["ms"].get("torch-split")
-            speed.append(base / res["ms"][rec] if base else float("nan"))
-        ax_t.bar(xs, steady, width, label=rec)
-        ax_s.bar(xs, speed, width, label=rec)
+    colors = {r: f"C{i}" for i, r in enumerate(recipes)}
+    for panel, names in ((ax_t, recipes), (ax_s, others)):
+        width = 0.8 / max(len(names), 1)
+        for j, rec in enumerate(names):
+            xs, ys = [], []
+            for i, res in enumerate(results):
+                row = res["extra"]["recipes"].get(rec)
+                if row is None or "error" in row:
+                    continue
+                y = row["to_steady_s"] if panel is ax_t else res["speedup"].get(rec)
+                if y is None:
+                    continue
+                xs.append(i + (j - (len(names) - 1) / 2) * width)
+                ys.append(y)
+            panel.bar(xs, ys, width, label=rec, color=colors[rec])
     ax_t.set_yscale("log")
     ax_t.set_ylabel("seconds to steady state (cold cache)")
+    ax_t.legend(fontsize=7, loc="upper left")
     ax_s.axhline(1.0, color="black", linewidth=0.8)
-    ax_s.set_ylabel("speed per step vs torch's recipe (x)")
+    ax_s.set_ylabel("torchext's recipe: speed-up per step over (x)")
+    ax_s.legend(fontsize=7, loc="upper left")
     for ax in (ax_t, ax_s):
         ax.set_xticks(range(len(results)), labels, fontsize=8)
-    ax_s.legend(fontsize=7, loc="upper left")
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=80)

@@ -283,8 +283,10 @@ def _child(args, cache_dir, timeout):
     for line in reversed(out.stdout.splitlines()):
         if line.startswith("{"):
             return json.loads(line)
-    tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
-    return {"error": tail[:200]}
+    lines = out.stderr.strip().splitlines() or ["no output"]
+    # The exception's own line (Dynamo ends with advice lines after it).
+    why = [ln for ln in lines if not ln.startswith(" ") and ("Error" in ln or "Unsupported" in ln)]
+    return {"error": (why or lines)[-1][:200]}
 
 
 def run_model(model_name, recipes, device, repeat, timeout, ab=True, log=None, ab_with=None):
@@ -358,6 +360,9 @@ def result_of(name, rows):
     for r, row in rows.items():
         if "error" not in row:
             ms[r] = row.get("ab_ms_step", row["ms_step"])
+    pairs = rows.get("torchext", {}).get("ab_pairs")
+    if pairs:  # torchext's own: from its first pair (torch's recipe when it ran)
+        ms["torchext"] = pairs[0][0]
     ours = ms.get("torchext")
     tensors = next((row["tensors"] for row in rows.values() if "tensors" in row), None)
     # Ratios only where both were timed in one process (interleaved).
@@ -374,7 +379,8 @@ def report(env, results):
     out = [f"Compiled training step, {env.device}, {torch.get_num_threads()} threads, torch "
            f"{torch.__version__}. to steady: every compile and recompile until none comes "
            f"(cold inductor cache, one process per recipe); speed-up: torchext's recommended "
-           f"recipe over that one, timed interleaved in one process"]
+           f"recipe over that one, timed interleaved in one process (torchext's ms/step: "
+           f"from its run against torch's recipe)"]
     for res in results:
         rows = res.extra["recipes"]
         lines = []
@@ -391,7 +397,8 @@ def report(env, results):
                           f"{res.ms[r]:.2f}" + ("" if "ab_ms_step" in row or r == "torchext"
                                                   else " (own process)"),
                           "" if sp is None else f"{sp:.2f}x",
-                          _fmt(row.get("ab_opt_scaler_ms", row["opt_scaler_ms"]), ".3f"),
+                          _fmt(row["ab_pairs"][0][1] if row.get("ab_pairs") else
+                               row.get("ab_opt_scaler_ms", row["opt_scaler_ms"]), ".3f"),
                           f"{row['peak_rss_MiB']:.0f}"])
         out.append(f"\n{res.case} ({res.extra['tensors']} parameter tensors)")
         out.append(table(["recipe", "what", "to steady", "recompiles", "ms/step", "speed-up",
