@@ -281,3 +281,24 @@ def test_check_catches_a_wrong_packed_kernel(monkeypatch):
                                               if c[0] == "asgd_ (packed state)"])
     assert [o.ok for o in outcomes] == [False]
     assert any(f.startswith(("step[", "eta[", "mu[")) for f in outcomes[0].failures)
+
+
+def test_compile_bench_reports_ratios_only_where_timed_together():
+    # torchext/bench/train_step.py's table from rows as its child processes
+    # write them: a speed-up only for recipes timed interleaved with
+    # torchext's (the others keep their own process's ms/step), errors shown.
+    from torchext.bench import train_step as ts
+    from torchext.bench.common import Env
+    row = dict(tensors=64, to_steady_s=26.0, to_steady_cpu_s=25.0, recompiles_after_first_call=0,
+               steady=True, ms_step=9.0, opt_scaler_ms=0.5, peak_rss_MiB=900.0)
+    rows = {"torchext": {**row, "ab_pairs": [(4.0, 0.4), (5.0, 0.5)], "ab_ms_step": 4.5},
+            "torch-split": {**row, "to_steady_s": 59.0, "ab_ms_step": 4.4, "ab_speedup": 1.1,
+                            "ab_opt_scaler_ms": 1.1},
+            "torch-whole": {**row, "ms_step": 7.0},
+            "torchext-fullgraph": {"error": "timeout (480 s)"}}
+    res = ts.result_of("mlp-64", rows)
+    assert res.ms["torchext"] == 4.0  # from its run against torch's recipe
+    assert res.speedup == {"torch-split": 1.1}
+    text = ts.report(Env("cpu", quick=False), [res])
+    assert "timeout (480 s)" in text and "7.00 (own process)" in text and "1.10x" in text
+    assert text.index("| torchext ") < text.index("| torch-split ")
