@@ -7,9 +7,13 @@
 #
 #   bash scripts/test_pythons.sh WHEEL            # every pyenv Python 3.10+
 #   bash scripts/test_pythons.sh WHEEL 3.10 3.13  # these
+#   REMOVE_VENVS=1 bash scripts/test_pythons.sh ... # CI: each venv deleted after its test
 #
 # The venvs stay in build/pythons/<version> (torch installed once; the wheel
-# reinstalled each run). scripts/test_wheel.sh runs the whole suite on the
+# reinstalled each run), unless REMOVE_VENVS=1: each holds a CUDA torch of
+# about 5.6 GB, and CI's disk ran out at the second one, so CI keeps at most
+# one at a time. pip never caches (--no-cache-dir): the cache would be
+# another 3 GB of the same wheels. scripts/test_wheel.sh runs the whole suite on the
 # machine's own Python; this is the other Pythons' check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,10 +51,10 @@ for v in "$@"; do
   echo "== Python $v ($base): $(basename "$WHEEL")"
   [ -x "$py" ] || "$base/bin/python3" -m venv "$venv"
   if ! "$py" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '${TORCH_REQ#torch==}')" 2>/dev/null; then
-    "$py" -m pip install -q --upgrade pip
-    "$py" -m pip install -q "$TORCH_REQ" numpy
+    "$py" -m pip install -q --no-cache-dir --upgrade pip
+    "$py" -m pip install -q --no-cache-dir "$TORCH_REQ" numpy
   fi
-  "$py" -m pip install -q --no-deps --force-reinstall "$WHEEL"
+  "$py" -m pip install -q --no-cache-dir --no-deps --force-reinstall "$WHEEL"
   run=$(mktemp -d)
   if (cd "$run" && PATH="$NOCC:$PATH" CC=false CXX=false CUDA_HOME=/nonexistent \
         "$py" -m torchext info && \
@@ -64,6 +68,8 @@ for v in "$@"; do
     status=1
   fi
   rm -rf "$run"
+  if [ "${REMOVE_VENVS:-0}" = 1 ]; then rm -rf "$venv"; fi
+  echo "   disk free after Python $v: $(df -h --output=avail "$SRC" | tail -n 1 | tr -d ' ')"
 done
 echo "== the wheel on each Python:"
 printf '   %s\n' "${RESULTS[@]}"
