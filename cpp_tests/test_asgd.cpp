@@ -206,6 +206,25 @@ TEST(ASGD, StateIsCreatedLazilyLikePython) {
   EXPECT_EQ(st.ax().sizes(), p.sizes());
 }
 
+// The fused default follows one device rule in both languages: the ops have
+// kernels for cpu, cuda and meta (Python: torchext/_devices.py KERNEL_DEVICES,
+// tested by test_asgd_optimizer.py's test_fused_none_picks_fused_op_on_meta).
+// A meta param steps through the op's Meta kernel; the unfused reference
+// would read eta on the host, which meta cannot.
+TEST(ASGDFusedDefault, MetaParamsTakeTheFusedOpAsInPython) {
+  auto cpu = torch::randn({3}).requires_grad_();
+  auto meta = torch::empty({3}, torch::kMeta).requires_grad_();
+  cpu.mutable_grad() = torch::ones({3});
+  meta.mutable_grad() = torch::empty({3}, torch::kMeta);
+  ASGD opt({cpu, meta}, ASGDOptions(0.25));
+  EXPECT_NO_THROW(opt.step());
+  EXPECT_TRUE(state_of(opt, meta).ax().is_meta());
+  EXPECT_EQ(state_of(opt, cpu).step().item<float>(), 1.0f);
+  EXPECT_NO_THROW(ASGD({meta}, ASGDOptions(0.25).fused(true)).step());
+  ASGD unfused({meta}, ASGDOptions(0.25).fused(false));
+  EXPECT_ANY_THROW(unfused.step());
+}
+
 TEST(ASGD, ParamGroupsKeepTheirOptions) {
   auto a = torch::randn({2}).requires_grad_();
   auto b = torch::randn({2}).requires_grad_();

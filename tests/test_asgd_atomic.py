@@ -446,3 +446,42 @@ def test_rejected_step_keeps_the_state_tensors_and_their_values():
         ours.step()
     assert all(ours.state[q]["step"] is t for q, t in zip(ours.param_groups[0]["params"], held))
     assert_same(snapshot(ours), before)
+
+
+def _refusal(run):
+    try:
+        run()
+    except (RuntimeError, TypeError, ValueError) as e:
+        return e
+    raise AssertionError("not refused")
+
+
+@pytest.mark.parametrize("case", STATE_CASES)
+def test_state_refused_by_the_step_as_by_the_op(case):
+    # Two homes of the state-entry rules: the op's validator (check_asgd_entry,
+    # C++) and the packing of step/eta/mu (_state._check_packable, which runs
+    # before the op sees packed state). The same table, through both: the same
+    # exception type and the same rule in the message.
+    key, make = STATE_CASES[case]
+    errors = []
+    for route in ("op", "step"):
+        p = torch.nn.Parameter(torch.randn(4, 3))
+        p.grad = torch.randn(4, 3)
+        opt = ASGD([p], **KW)
+        opt.step()
+        st = {k: v.clone() for k, v in opt.state[p].items()}
+        st[key] = make(st[key])
+        if route == "op":
+            errors.append(_refusal(lambda: torch.ops.torchext.asgd_(
+                [p], [p.grad], [st["ax"]], [st["mu"]], [st["eta"]], [st["step"]],
+                lr=torch.tensor(0.05, dtype=torch.float64), lambd=1e-4, alpha=0.75, t0=1.0,
+                weight_decay=0.0, maximize=False)))
+        else:
+            opt.state[p][key] = st[key]
+            errors.append(_refusal(opt.step))
+    by_op, by_step = errors
+    assert type(by_op) is type(by_step), (by_op, by_step)
+    rule = str(by_op).splitlines()[0].split("] ", 1)[1]  # "asgd_: etas[0] <rule>"
+    rule = rule.replace("Half", "torch.float16").replace("[2]", "(2,)")
+    rule = rule.replace("params[0]", "its parameter" if key != "ax" else "params[0]")
+    assert rule.split(";")[0] in str(by_step), (by_op, by_step)

@@ -316,13 +316,24 @@ def test_differentiable_matches_torch_and_flows_gradients():
         torch.testing.assert_close(a, b)
 
 
-def test_fused_none_picks_reference_path_on_meta_free_devices():
-    # Meta params take the fused op (its Meta kernel) and stay on meta.
+def test_fused_none_picks_fused_op_on_meta():
+    # One device rule (torchext._devices.KERNEL_DEVICES, C++'s twin tested by
+    # ASGDFusedDefault.MetaParamsTakeTheFusedOpAsInPython): meta params take
+    # the fused op (its Meta kernel) and stay on meta; the unfused reference
+    # would read eta on the host, which meta cannot.
+    from torchext import _devices
+    assert _devices.KERNEL_DEVICES == ("cpu", "cuda", "meta")
+    cpu = torch.nn.Parameter(torch.randn(3))
     p = torch.nn.Parameter(torch.empty(4, device="meta"))
-    opt = ASGD([p])
+    opt = ASGD([cpu, p])
+    cpu.grad = torch.ones(3)
     p.grad = torch.empty(4, device="meta")
     opt.step()
     assert opt.state[p]["ax"].is_meta
+    assert opt.state[cpu]["step"].item() == 1.0
+    ASGD([p], fused=True).step()
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        ASGD([p], fused=False).step()
 
 
 def test_pickle_and_deepcopy():

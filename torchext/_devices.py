@@ -11,9 +11,28 @@ from typing import TypeVar
 
 import torch
 
-__all__ = ["indices_by_device", "pick", "one_device"]
+__all__ = ["KERNEL_DEVICES", "has_kernels", "indices_by_device", "pick", "one_device", "on_device"]
+
+#: Device types torchext's ops have kernels for (meta: the op's validation,
+#: no data). The one device rule: ASGD's ``fused=None`` default, ``fused=True``
+#: and the C++ holder follow it, and so does C++ (``fused_device`` in
+#: csrc/api/asgd.cpp; ``ASGDFusedDefault.*`` in cpp_tests ties the two).
+KERNEL_DEVICES = ("cpu", "cuda", "meta")
 
 T = TypeVar("T")
+
+
+def has_kernels(device: torch.device) -> bool:
+    """Whether torchext's ops serve tensors on ``device``."""
+    return device.type in KERNEL_DEVICES
+
+
+def on_device(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    """``t`` (a GradScaler's grad_scale/found_inf) on ``device``, without a
+    sync; None stays None."""
+    if t is None or t.device == device:
+        return t
+    return t.to(device, non_blocking=True)
 
 
 def indices_by_device(tensors: Iterable[torch.Tensor]) -> dict[torch.device, list[int]]:

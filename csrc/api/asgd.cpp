@@ -22,7 +22,10 @@ namespace {
 
 using torch::optim::OptimizerParamGroup;
 
-bool fused_device(const c10::Device& d) { return d.is_cpu() || d.is_cuda(); }
+// The one device rule, as Python's (torchext/_devices.py: KERNEL_DEVICES):
+// the ops have kernels for cpu, cuda and meta (its validation, no data).
+// fused unset means fused when every param is on such a device.
+bool fused_device(const c10::Device& d) { return d.is_cpu() || d.is_cuda() || d.is_meta(); }
 
 // The lr as the op takes it: the tensor lr, or a float lr as a CPU tensor
 // (read on the host, no sync).
@@ -369,7 +372,8 @@ void ASGD::add_param_group(const OptimizerParamGroup& param_group) {
                       "ASGD.add_param_group: params[", i, "] appears twice in the group");
     if (static_cast<const ASGDOptions&>(*options).fused().value_or(false)) {
       TORCH_CHECK(fused_device(p.device()), "ASGD: `fused=True` requires all the params to be "
-                  "on CPU or CUDA devices, params[", i, "] is on ", p.device());
+                  "on CPU or CUDA devices (or meta), params[", i, "] is on ",
+                  p.device());
     }
   }
   check_t0_per_param_size(static_cast<const ASGDOptions&>(*options), param_group.params().size(),

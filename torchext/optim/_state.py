@@ -35,6 +35,7 @@ from typing import Any, Iterable
 import torch
 from torch import Tensor
 
+from .. import _devices
 from . import _dtensor
 from .functional import use_fused
 
@@ -43,7 +44,6 @@ __all__ = ["Generation", "ParamState", "StateMap", "ParamList", "SlotGroup", "Gr
 
 SCALAR_KEYS = ("step", "eta", "mu")
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-_NATIVE_DEVICES = ("cpu", "cuda")
 
 
 def scalar_dtype() -> torch.dtype:
@@ -187,6 +187,14 @@ class SlotGroup:
             ax = st.get("ax")
             self.axs[i] = ax if isinstance(ax, Tensor) else None
 
+    def lists(self, idx: list[int]) -> list[list]:
+        """[params, grads, axs, mus, etas, steps] of the params at ``idx``,
+        step/eta/mu as the 0-d views (torch.optim.ASGD's lists)."""
+        views = self.views
+        return [[self.params[i] for i in idx], [self.params[i].grad for i in idx],
+                [self.axs[i] for i in idx], [views["mu"][i] for i in idx],
+                [views["eta"][i] for i in idx], [views["step"][i] for i in idx]]
+
     def holder(self):
         """The C++ holder of this slot group's lists (made at first use)."""
         if self.native is None:
@@ -263,7 +271,7 @@ class GroupSlots:
 
     def native_ok(self) -> bool:
         """Whether eager steps may go through the C++ holders."""
-        return self.fused and all(sg.plain and sg.device.type in _NATIVE_DEVICES
+        return self.fused and all(sg.plain and _devices.has_kernels(sg.device)
                                   for sg in self.slot_groups)
 
 

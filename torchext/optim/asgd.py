@@ -10,6 +10,7 @@ from torch import Tensor
 from torch.optim import optimizer as _torch_optimizer
 from torch.optim.optimizer import Optimizer, ParamsT
 
+from .. import _devices
 from .._compile_compat import GroupsAlias, mark_step_not_wrapped, param_groups
 from . import _checkpoint, _dtensor, _op
 from . import averaging as _averaging
@@ -64,8 +65,9 @@ class ASGD(GroupsAlias, Optimizer):
 
     Args:
         fused (bool, optional): use the fused ``torch.ops.torchext.asgd_`` op.
-            ``None`` (default) means fused whenever every parameter is on
-            CPU/CUDA and ``differentiable`` is False. ``foreach`` is accepted
+            ``None`` (default) means fused whenever every parameter is on a
+            device with kernels (CPU, CUDA, meta) and ``differentiable`` is
+            False. ``foreach`` is accepted
             for compatibility and only matters when the op is not fused.
         capturable (bool): as torch: no host sync anywhere in the step.
             With a GradScaler it also means the overflow skip is decided on
@@ -105,10 +107,7 @@ class ASGD(GroupsAlias, Optimizer):
     ) -> None:
         _checkpoint.check_hyperparams(dict(lr=lr, lambd=lambd, alpha=alpha, t0=t0,
                                            weight_decay=weight_decay), where=None)
-        if fused and differentiable:
-            raise RuntimeError("`fused` does not support `differentiable`")
-        if fused and foreach:
-            raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
+        F.check_flags(fused, differentiable, foreach)
         defaults = dict(lr=lr, lambd=lambd, alpha=alpha, t0=t0, weight_decay=weight_decay,
                         foreach=foreach, maximize=maximize, differentiable=differentiable,
                         capturable=capturable, fused=fused)
@@ -120,7 +119,8 @@ class ASGD(GroupsAlias, Optimizer):
             for group in self.param_groups:
                 if not F.fused_supported(group["params"]):
                     raise RuntimeError(
-                        "`fused=True` requires all the params to be on CPU or CUDA devices")
+                        "`fused=True` requires all the params to be on CPU or CUDA devices "
+                        f"(or meta; devices with torchext kernels: {_devices.KERNEL_DEVICES})")
 
     # ------------------------------------------------------------ AMP protocol
 
@@ -143,12 +143,14 @@ class ASGD(GroupsAlias, Optimizer):
         """The scaler's read-only inf/NaN check of every grad, through the
         C++ holders (no list from Python): found_inf per device (0-d
         float32), or None when a group has no holder (DTensor, unfused,
-        other devices) or while torch.compile traces: the scaler then
+        devices without kernels), has params on meta, or while torch.compile traces: the scaler then
         gathers the grads itself."""
         if torch.compiler.is_compiling():
             return None
         slots = self._slots()
-        if not all(gs.native_ok() for gs in slots):
+        if not all(gs.native_ok() for gs in slots) or any(
+                sg.device.type == "meta" for gs in slots for sg in gs.slot_groups):
+            # (meta grads hold no values: the scaler's own path decides)
             return None
         found: dict[torch.device, Tensor] = {}
         for gs in slots:
@@ -194,77 +196,61 @@ class ASGD(GroupsAlias, Optimizer):
     step = mark_step_not_wrapped(_hooked_step(step))
 
     def _run_step(self, grad_scale, found_inf, eager: bool, created: list) -> None:
-        """The one step path. Each slot group (a group's params on one device
-        with one t0) is one op call: through its C++ holder in eager mode,
-        else from lists gathered here. When more than one call could write,
-        all are validated before the first writes; state created for params
-        stepped for the first time is recorded in ``created``."""
+        """The one step path, in torch's adam.py shape: gather each slot group
+        (a group's params on one device with one t0) into its op call, then
+        run them all through ``functional.run_calls`` (validated before the
+        first writes). State created for params stepped for the first time is
+        recorded in ``created``."""
         calls = []
         for gs in self._slots():
-            group = gs.group
-            native = eager and gs.native_ok()
             for sg in gs.slot_groups:
-                hyper = _op.hyper_of(group, t0=group["t0"] if sg.t0 is None else sg.t0)
-                calls.append((sg, native, gs.fused, group, hyper))
-        check_first = len(calls) > 1 or (calls and not calls[0][2])
-        ready = []
-        for sg, native, fused, group, hyper in calls:
-            gs_t, fi_t = _on(grad_scale, sg.device), _on(found_inf, sg.device)
-            if native:
-                lr = _op.lr_tensor(group["lr"])
-                args = (lr, _op.hyper_list(hyper), gs_t, fi_t)
-                if check_first:
-                    self._holder_run(sg, True, args, group, created)
-                ready.append((sg, None, args, fused, group, hyper))
-            else:
-                lists = self._gather(sg, group, created)
-                if lists is None:
-                    continue
-                if check_first:
-                    _op.validate(lists, group["lr"], hyper, gs_t, fi_t)
-                ready.append((sg, lists, (gs_t, fi_t), fused, group, hyper))
-        for sg, lists, args, fused, group, hyper in ready:
-            if lists is None:
-                self._holder_run(sg, False, args, group, created)
-            elif fused:
-                _op.call(lists, group["lr"], hyper, *args)
-            else:
-                F.reference_asgd(*lists, lr=group["lr"], capturable=group["capturable"],
-                                 grad_scale=args[0], found_inf=args[1], **hyper)
+                call = self._call(gs, sg, eager, grad_scale, found_inf, created)
+                if call is not None:
+                    calls.append(call)
+        F.run_calls(calls)
 
-    def _holder_run(self, sg, validate_only: bool, args, group, created) -> None:
-        holder = sg.holder()
-        missing = holder.run(validate_only, *args)
-        if missing:  # first step of these params: their state, then the call
-            self._create_state(sg, missing, group["lr"], created)
-            holder.run(validate_only, *args)
+    def _call(self, gs, sg, eager: bool, grad_scale, found_inf, created):
+        """A slot group's op call: through its C++ holder (eager, fused,
+        plain tensors: no list from Python), else from its gathered lists
+        (None when no param has a grad)."""
+        group = gs.group
+        lr = group["lr"]
+        hyper = _op.hyper_of(group, t0=group["t0"] if sg.t0 is None else sg.t0)
+        if eager and gs.native_ok():
+            return F.HolderCall(sg.holder(), lr, hyper,
+                                _devices.on_device(grad_scale, sg.device),
+                                _devices.on_device(found_inf, sg.device),
+                                make_state=lambda idx: self._create_state(sg, idx, lr, created))
+        lists = self._gather(sg, lr, created, gs.fused)
+        if lists is None:
+            return None
+        return F.list_call(lists, gs.fused, lr, hyper, group["capturable"], grad_scale, found_inf)
 
-    def _gather(self, sg, group, created) -> list | None:
+    def _with_grads(self, sg, lr, created) -> list[int]:
+        """Positions of sg's params that have a grad, their state created
+        where missing: the gather of every path from Python lists."""
+        idx = [i for i, p in enumerate(sg.params) if p.grad is not None]
+        new = [i for i in idx if sg.axs[i] is None]
+        if new:
+            self._create_state(sg, new, lr, created)
+        return idx
+
+    def _gather(self, sg, lr, created, fused: bool) -> list | None:
         """The op's lists for a slot group without a C++ holder, or None when
         no param has a grad. Fused, plain tensors, every param with a grad:
         the whole slot group with the packed state, so a compiled step
         mutates the packed tensors themselves, not views of them. Else
         (params without grads, DTensors, the unfused reference): the params
         with a grad, their step/eta/mu as the 0-d views (local shards for
-        DTensors)."""
-        params = sg.params
-        grads = [p.grad for p in params]
-        idx = [i for i, g in enumerate(grads) if g is not None]
+        DTensors, when fused)."""
+        idx = self._with_grads(sg, lr, created)
         if not idx:
             return None
-        new = [i for i in idx if sg.axs[i] is None]
-        if new:
-            self._create_state(sg, new, group["lr"], created)
-        fused = F.use_fused(params, group["fused"], group["differentiable"])
+        params = sg.params
         if fused and sg.plain and len(idx) == len(params):
-            return [params, grads, sg.axs, sg.mus, sg.etas, sg.steps]
-        views = sg.views
-        lists = [[params[i] for i in idx], [grads[i] for i in idx], [sg.axs[i] for i in idx],
-                 [views["mu"][i] for i in idx], [views["eta"][i] for i in idx],
-                 [views["step"][i] for i in idx]]
-        if fused:
-            lists = [list(x) for x in _dtensor.to_local_lists(*lists)]
-        return lists
+            return [params, [p.grad for p in params], sg.axs, sg.mus, sg.etas, sg.steps]
+        lists = sg.lists(idx)
+        return [list(x) for x in _dtensor.to_local_lists(*lists)] if fused else lists
 
     def _create_state(self, sg, idx: list[int], lr, created: list) -> None:
         """torch.optim.ASGD's initial state (step 0, eta = lr, mu 1, ax zeros)
@@ -323,15 +309,9 @@ class ASGD(GroupsAlias, Optimizer):
             if gs.group is not group:
                 continue
             for sg in gs.slot_groups:
-                idx = [i for i, p in enumerate(sg.params) if p.grad is not None]
-                new = [i for i in idx if sg.axs[i] is None]
-                if new:
-                    self._create_state(sg, new, group["lr"], [])
-                params.extend(sg.params[i] for i in idx)
-                grads.extend(sg.params[i].grad for i in idx)
-                axs.extend(sg.axs[i] for i in idx)
-                for out, key in ((mus, "mu"), (etas, "eta"), (state_steps, "step")):
-                    out.extend(sg.views[key][i] for i in idx)
+                lists = sg.lists(self._with_grads(sg, group["lr"], []))
+                for out, xs in zip((params, grads, axs, mus, etas, state_steps), lists):
+                    out.extend(xs)
         return any(torch.is_complex(p) for p in params)  # torch's has_complex
 
     # ------------------------------------------------------- groups and state
@@ -420,9 +400,3 @@ class ASGD(GroupsAlias, Optimizer):
         :func:`torchext.optim.averaging.start_averaging`."""
         _averaging.start_averaging(self)
 
-
-def _on(t: Tensor | None, device: torch.device) -> Tensor | None:
-    """grad_scale/found_inf on a slot group's device."""
-    if t is None or t.device == device:
-        return t
-    return t.to(device, non_blocking=True)

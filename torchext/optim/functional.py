@@ -17,24 +17,126 @@ from torch import Tensor
 from .. import _devices
 from . import _dtensor, _op
 
-__all__ = ["asgd", "fused_supported", "use_fused", "reference_asgd"]
+__all__ = ["asgd", "fused_supported", "use_fused", "reference_asgd", "FusedCall",
+           "ReferenceCall", "HolderCall", "list_call", "run_calls"]
 
-_FUSED_DEVICES = ("cpu", "cuda", "meta")
+
+def check_flags(fused: bool | None, differentiable: bool, foreach: bool | None = None) -> None:
+    """torch's refusals for the route flags (constructor and functional)."""
+    if fused and differentiable:
+        raise RuntimeError("`fused` does not support `differentiable`")
+    if fused and foreach:
+        raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
 
 
 def fused_supported(params: list[Tensor]) -> bool:
-    """Whether every tensor is on a device the fused kernels serve."""
-    return all(p.device.type in _FUSED_DEVICES for p in params)
+    """Whether every tensor is on a device with torchext kernels."""
+    return all(_devices.has_kernels(p.device) for p in params)
 
 
 def use_fused(params: list[Tensor], fused: bool | None, differentiable: bool) -> bool:
     """fused=None picks the fused op when ``differentiable`` is False and
     every tensor is on a device with torchext kernels."""
-    if fused and differentiable:
-        raise RuntimeError("`fused` does not support `differentiable`")
+    check_flags(fused, differentiable)
     if fused is None:
         return not differentiable and fused_supported(params)
     return bool(fused)
+
+
+# ------------------------------------------------------------- the op calls
+#
+# A step is a list of calls, one per param group, device and t0; each call is
+# one of the three routes below, with validate() (raises what run() would
+# raise, writes nothing) and run(). run_calls() is the one place that makes a
+# step all or nothing.
+
+
+class FusedCall:
+    """One ``asgd_`` op call over lists [params, grads, axs, mus, etas,
+    steps] (the last three 0-d tensors, or packed 1-D tensors); the op
+    validates everything before it writes."""
+    __slots__ = ("lists", "lr", "hyper", "grad_scale", "found_inf")
+    atomic = True
+
+    def __init__(self, lists, lr, hyper, grad_scale, found_inf) -> None:
+        self.lists, self.lr, self.hyper = lists, lr, hyper
+        self.grad_scale, self.found_inf = grad_scale, found_inf
+
+    def validate(self) -> None:
+        _op.validate(self.lists, self.lr, self.hyper, self.grad_scale, self.found_inf)
+
+    def run(self) -> None:
+        _op.call(self.lists, self.lr, self.hyper, self.grad_scale, self.found_inf)
+
+
+class ReferenceCall(FusedCall):
+    """torch.optim.ASGD's for-loop (``reference_asgd``): writes tensor by
+    tensor, so it is validated first, by the op's own rules, even alone."""
+    __slots__ = ("capturable",)
+    atomic = False
+
+    def __init__(self, lists, lr, hyper, grad_scale, found_inf, capturable: bool) -> None:
+        super().__init__(lists, lr, hyper, grad_scale, found_inf)
+        self.capturable = capturable
+
+    def validate(self) -> None:
+        if torch.compiler.is_compiling():  # see FusedCall: the Meta kernels check
+            return
+        _op.validate(list(_dtensor.to_local_lists(*self.lists)), self.lr, self.hyper,
+                     self.grad_scale, self.found_inf)
+
+    def run(self) -> None:
+        reference_asgd(*self.lists, lr=self.lr, capturable=self.capturable,
+                       grad_scale=self.grad_scale, found_inf=self.found_inf, **self.hyper)
+
+
+class HolderCall:
+    """The fused op over a slot group's lists held in C++ (an eager-mode
+    optimisation of ``FusedCall``: no list passes from Python; the holder
+    reads each param's .grad). ``make_state(indices)`` is called for params
+    that have a grad but no state yet, before anything is validated or
+    written."""
+    __slots__ = ("holder", "args", "make_state")
+    atomic = True
+
+    def __init__(self, holder, lr, hyper, grad_scale, found_inf, make_state) -> None:
+        self.holder = holder
+        self.args = (_op.lr_tensor(lr), _op.hyper_list(hyper), grad_scale, found_inf)
+        self.make_state = make_state
+
+    def _run(self, validate_only: bool) -> None:
+        missing = self.holder.run(validate_only, *self.args)
+        if missing:  # nothing was done: create their state, then the call
+            self.make_state(missing)
+            self.holder.run(validate_only, *self.args)
+
+    def validate(self) -> None:
+        self._run(True)
+
+    def run(self) -> None:
+        self._run(False)
+
+
+def list_call(lists, fused: bool, lr, hyper, capturable: bool, grad_scale, found_inf):
+    """The call for lists on one device with one t0: the fused op, or
+    torch's for-loop. grad_scale/found_inf are moved to that device."""
+    device = _dtensor.to_local(lists[0][0]).device
+    gs, fi = _devices.on_device(grad_scale, device), _devices.on_device(found_inf, device)
+    if fused:
+        return FusedCall(lists, lr, hyper, gs, fi)
+    return ReferenceCall(lists, lr, hyper, gs, fi, capturable)
+
+
+def run_calls(calls) -> None:
+    """Runs a step's calls, all or nothing: unless the step is one call that
+    validates before it writes, every call is validated before the first
+    writes. (While torch.compile traces, validation is each op's Meta kernel
+    at trace time, before any op runs.)"""
+    if len(calls) > 1 or (calls and not calls[0].atomic):
+        for c in calls:
+            c.validate()
+    for c in calls:
+        c.run()
 
 
 def asgd(
@@ -62,14 +164,16 @@ def asgd(
     """One ASGD step over lists, in place; nothing changes when it raises.
 
     fused=None picks the fused op whenever ``differentiable`` is False and
-    every tensor is on CPU/CUDA; otherwise a pure-torch path runs (the same
-    math, op for op as torch.optim.ASGD's for-loop, so autograd can flow).
-    ``grad_scale``/``found_inf`` follow torch's ``_step_supports_amp_scaling``
-    contract: grads are unscaled on the fly, and nothing changes when
-    ``found_inf`` is non-zero. ``t0`` may be one value per parameter (what
-    ``ASGD.start_averaging`` records when a group's parameters took different
-    numbers of steps): then one op call runs per distinct value.
+    every tensor is on a device with kernels (CPU, CUDA, meta); otherwise a
+    pure-torch path runs (the same math, op for op as torch.optim.ASGD's
+    for-loop, so autograd can flow). ``grad_scale``/``found_inf`` follow
+    torch's ``_step_supports_amp_scaling`` contract: grads are unscaled on
+    the fly, and nothing changes when ``found_inf`` is non-zero. ``t0`` may
+    be one value per parameter (what ``ASGD.start_averaging`` records when a
+    group's parameters took different numbers of steps).
 
+    One call runs per device and distinct t0 (``list_call``), all validated
+    before the first writes (``run_calls``), exactly as ``ASGD.step`` runs.
     ``foreach`` and ``has_complex`` are accepted so that calls written for
     ``torch.optim.asgd.asgd`` run unchanged, and are ignored: the fused op
     is already one call per device, and both paths handle complex tensors
@@ -79,54 +183,27 @@ def asgd(
         return
     lists = [params, grads, axs, mus, etas, state_steps]
     hyper = dict(lambd=lambd, alpha=alpha, weight_decay=weight_decay, maximize=maximize)
-    if not use_fused(params, fused, differentiable):
-        if isinstance(t0, (list, tuple)) or not torch.compiler.is_compiling():
-            # The reference writes tensor by tensor: check everything first.
-            for idx, t in _calls(lists, t0):
-                sub = [_devices.pick(xs, idx) for xs in lists]
-                _op.validate(list(_dtensor.to_local_lists(*sub)), lr, _op.hyper_of(hyper, t0=t),
-                             _moved(grad_scale, sub[0]), _moved(found_inf, sub[0]))
-        reference_asgd(*lists, lr=lr, t0=t0, capturable=capturable, grad_scale=grad_scale,
-                       found_inf=found_inf, **hyper)
-        return
-    calls = []
-    for idx, t in _calls(lists, t0):
-        sub = list(_dtensor.to_local_lists(*[_devices.pick(xs, idx) for xs in lists]))
-        calls.append((sub, _op.hyper_of(hyper, t0=t), _moved(grad_scale, sub[0]),
-                      _moved(found_inf, sub[0])))
-    if len(calls) > 1:  # a single op call validates everything before it writes
-        for sub, h, gs, fi in calls:
-            _op.validate(sub, lr, h, gs, fi)
-    for sub, h, gs, fi in calls:
-        _op.call(sub, lr, h, gs, fi)
-
-
-def _calls(lists, t0):
-    """(indices, t0) of each op call: one per device and distinct t0."""
+    fused = use_fused(params, fused, differentiable)
     per_param = isinstance(t0, (list, tuple))
-    out = []
-    for idx in _devices.indices_by_device(
-            _dtensor.to_local(p) for p in lists[0]).values():
+    calls = []
+    for idx in _devices.indices_by_device(_dtensor.to_local(p) for p in params).values():
         by_t0: dict[float, list[int]] = {}
         for i in idx:
             by_t0.setdefault(float(t0[i]) if per_param else float(t0), []).append(i)
-        out.extend((sub, t) for t, sub in by_t0.items())
-    return out
-
-
-def _moved(t: Tensor | None, params: list[Tensor]) -> Tensor | None:
-    # grad_scale/found_inf on the device of this call's params.
-    if t is None or not params:
-        return t
-    device = _dtensor.to_local(params[0]).device
-    return t if t.device == device else t.to(device, non_blocking=True)
+        for t, sub_idx in by_t0.items():
+            sub = [_devices.pick(xs, sub_idx) for xs in lists]
+            if fused:
+                sub = [list(x) for x in _dtensor.to_local_lists(*sub)]
+            calls.append(list_call(sub, fused, lr, _op.hyper_of(hyper, t0=t), capturable,
+                                   grad_scale, found_inf))
+    run_calls(calls)
 
 
 def reference_asgd(params, grads, axs, mus, etas, steps, *, lr, lambd, alpha, t0,
                    weight_decay, maximize, capturable, grad_scale, found_inf):
     """torch.optim.ASGD's for-loop update, op for op, plus grad_scale/found_inf.
 
-    Used for differentiable=True and devices the fused kernels do not serve.
+    Used for differentiable=True, fused=False and devices without kernels.
     It syncs (like torch's non-capturable path) unless capturable=True.
     """
     if found_inf is not None and not capturable and found_inf.item() != 0:
