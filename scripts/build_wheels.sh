@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Release artifacts into dist/: a wheel for each supported torch and an sdist.
 #
-#   bash scripts/build_wheels.sh                  # 2.13.0 (CPU) and 2.14.1 (CUDA 13.0) wheels + sdist
-#   bash scripts/build_wheels.sh 2.13.0           # that torch's wheel only (+ the sdist)
+#   bash scripts/build_wheels.sh                  # the 2.13.0+cu130, 2.14.1 (CUDA 13.0) and 2.13.0 (CPU) wheels + sdist
+#   bash scripts/build_wheels.sh 2.13.0+cu130     # that torch's wheel only (+ the sdist)
 #   bash scripts/build_wheels.sh --no-sdist 2.14.1
 #   bash scripts/build_wheels.sh --sdist-only
 #
@@ -25,12 +25,13 @@ for arg in "$@"; do
     --no-sdist) SDIST=0 ;;
     --sdist-only) WHEELS=0 ;;
     [0-9]*.[0-9]*.[0-9]*) TORCHES+=("$arg") ;;
-    *) echo "build_wheels.sh: unknown argument '$arg' (a torch version such as 2.13.0, --no-sdist, --sdist-only)" >&2
+    *) echo "build_wheels.sh: unknown argument '$arg' (a torch version such as 2.13.0 or 2.13.0+cu130, --no-sdist, --sdist-only)" >&2
        exit 2 ;;
   esac
 done
-# The supported torch builds: 2.13.0 (CPU), 2.14.1 (CUDA 13.0).
-[ ${#TORCHES[@]} -gt 0 ] || TORCHES=(2.13.0 2.14.1)
+# The supported torch builds: what pip gives by default for 2.13.0 and 2.14.1
+# (CUDA 13.0), and 2.13.0's CPU build (scripts/venv.sh names them).
+[ ${#TORCHES[@]} -gt 0 ] || TORCHES=(2.13.0+cu130 2.14.1 2.13.0)
 WHEEL_TORCHES=()
 [ "$WHEELS" = 0 ] || WHEEL_TORCHES=("${TORCHES[@]}")
 VERSION=$(cat version.txt)
@@ -42,6 +43,7 @@ for tv in ${WHEEL_TORCHES[@]+"${WHEEL_TORCHES[@]}"}; do
   echo "== torchext wheel for torch $tv"
   (
     export TORCH_VERSION=$tv
+    variant=; [ "$tv" = "${tv%%+*}" ] || variant=${tv#*+}  # 2.13.0+cu130 -> cu130
     source scripts/setup_env.sh
     # Nothing left in build/lib* from another build (a removed header, the
     # other torch's library); ninja's objects in build/temp.torchext stay.
@@ -51,7 +53,7 @@ for tv in ${WHEEL_TORCHES[@]+"${WHEEL_TORCHES[@]}"}; do
     whl=$(ls "$out"/torchext-*.whl)
     name=$(basename "$whl")
     case "$name" in
-      "torchext-$VERSION+torch$tv."*-cp39-abi3-*.whl) ;;
+      "torchext-$VERSION+torch${tv%%+*}.${variant:-}"*-cp39-abi3-*.whl) ;;
       *) echo "build_wheels.sh: unexpected wheel name $name" >&2; exit 1 ;;
     esac
     # A package index takes manylinux wheels, not linux_x86_64 ones:
@@ -70,7 +72,9 @@ for tv in ${WHEEL_TORCHES[@]+"${WHEEL_TORCHES[@]}"}; do
       *) echo "build_wheels.sh: auditwheel gave $name, not a manylinux_2_28 wheel" >&2; exit 1 ;;
     esac
     # One wheel per torch in dist/: replace an older build for this torch.
-    rm -f "dist/torchext-$VERSION+torch$tv."*.whl
+    # (0.1.0+torch2.13.0.cu130 replaces only a 0.1.0+torch2.13.0.cu130 wheel)
+    label=$(sed -E 's/^torchext-[^+]+\+([^-]+)-.*/\1/' <<< "$name")
+    rm -f "dist/torchext-$VERSION+$label-"*.whl
     mv "$whl" dist/ && rmdir "$out" "$fixed"
     "$PY" - "dist/$name" "$tv" <<'PY'
 import os, sys, zipfile
@@ -103,7 +107,13 @@ done
 
 if [ "$SDIST" = 1 ]; then
   t0=$SECONDS
-  PY=$ROOT/.venv-${TORCHES[0]}/bin/python
+  # Any torch environment makes it (the sdist holds no build): the first
+  # that exists, else the first torch's, created.
+  PY=
+  for tv in "${TORCHES[@]}"; do
+    [ -x "$ROOT/.venv-$tv/bin/python" ] && { PY=$ROOT/.venv-$tv/bin/python; break; }
+  done
+  [ -n "$PY" ] || { TORCH_VERSION=${TORCHES[0]} source scripts/venv.sh > /dev/null; }
   rm -f "dist/torchext-$VERSION.tar.gz"
   "$PY" setup.py -q sdist -d dist > build/sdist.log 2>&1 || { cat build/sdist.log; exit 1; }
   # Everything a build reads must be in it: every tracked source file of the

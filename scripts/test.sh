@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, Python and C++, from a fresh machine:
 #   bash scripts/test.sh                       # torch 2.14.1 (CUDA build)
-#   TORCH_VERSION=2.13.0 bash scripts/test.sh  # torch 2.13.0 (CPU build)
+#   TORCH_VERSION=2.13.0+cu130 bash scripts/test.sh  # torch 2.13.0 (CUDA 13.0 build)
+#   TORCH_VERSION=2.13.0 bash scripts/test.sh        # torch 2.13.0 (CPU build)
 # CUDA tests skip cleanly when no GPU is present.
 #
 # torchext is built in place (incremental: after editing a kernel this tests
@@ -35,15 +36,16 @@ for line in open(sys.argv[1]):
 EOF
   then
     echo "== installing the integration frameworks ($reqs) into $VENV"
-    "$PY" -m pip install -q "torch==$TORCH_VERSION" -r "$reqs"
+    "$PY" -m pip install -q --no-cache-dir "$TORCH_SPEC" -r "$reqs"
   fi
 fi
 
 echo "== wheel (torch $TORCH_VERSION)"
 bash scripts/build_wheels.sh --no-sdist "$TORCH_VERSION"
-WHEEL=$(ls "dist/torchext-$(cat version.txt)+torch$TORCH_VERSION."*-cp39-abi3-*.whl)
+# The wheel of this build (0.1.0+torch2.13.0.cu130, not the .cpu one beside it).
+WHEEL=$(ls "dist/torchext-$("$PY" -c 'import torchext; print(torchext.__version__)')-cp39-abi3-"*.whl)
 echo "== Python tests against the installed wheel (torch $TORCH_VERSION)"
-bash scripts/test_wheel.sh "$WHEEL"
+TORCH_VERSION=$TORCH_VERSION bash scripts/test_wheel.sh "$WHEEL"
 echo "== C++ tests (torch $TORCH_VERSION)"
 # They need CMake and GoogleTest (Debian's libgtest-dev).
 if ! [ -f /usr/include/gtest/gtest.h ] || ! command -v cmake >/dev/null; then

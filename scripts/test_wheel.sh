@@ -29,8 +29,14 @@ WHEEL=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 name=$(basename "$WHEEL")
 # torchext-0.1.0+torch2.13.0.cpu-cp39-abi3-manylinux_2_28_x86_64.whl -> torch2.13.0.cpu, 2.13.0
 label=$(sed -E 's/^torchext-[^+]+\+([^-]+)-.*/\1/' <<< "$name")
-TORCH_VERSION=$(sed -E 's/^torch([0-9]+\.[0-9]+\.[0-9]+).*/\1/' <<< "$label")
-[ "$label" != "$name" ] && [ "$TORCH_VERSION" != "$label" ] ||
+# The torch environment to test in (scripts/venv.sh): the caller's
+# TORCH_VERSION (scripts/test.sh passes it: 2.13.0+cu130), else the wheel's
+# base version (2.13.0: this machine's default build of it).
+base=$(sed -E 's/^torch([0-9]+\.[0-9]+\.[0-9]+).*/\1/' <<< "$label")
+TORCH_VERSION=${TORCH_VERSION:-$base}
+[ "${TORCH_VERSION%%+*}" = "$base" ] ||
+  { echo "test_wheel.sh: TORCH_VERSION=$TORCH_VERSION, but $name is for torch $base" >&2; exit 2; }
+[ "$label" != "$name" ] && [ "$base" != "$label" ] ||
   { echo "test_wheel.sh: $name has no torch label (torchext-X+torchA.B.C.variant-...)" >&2; exit 2; }
 export TORCH_VERSION
 WORK=$SRC/build/wheel_test/$label
