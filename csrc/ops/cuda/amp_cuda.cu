@@ -2,7 +2,7 @@
 // plans and kernel bodies are csrc/kernels/amp.h (run on the CPU by the host
 // runner's tests too); this file only launches them, on the current stream,
 // with no host sync.
-#include "../kernels/amp.h"
+#include "kernels/amp.h"
 #include "launch.cuh"
 
 #include <torch/library.h>

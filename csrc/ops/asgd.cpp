@@ -1,4 +1,4 @@
-#include "asgd_args.h"
+#include "asgd.h"
 
 #include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>

@@ -14,9 +14,9 @@
 // an eta/mu another chunk already advanced.
 #pragma once
 
-#include "../asgd_args.h"
-#include "../cpu_scalars.h"
-#include "../dense_views.h"
+#include "../../asgd.h"
+#include "../../../utils/cpu_scalars.h"
+#include "../../../utils/dense_views.h"
 #include "multi_tensor_apply.h"
 #include "torchext/elementwise_math.h"
 

@@ -15,7 +15,7 @@
 // (AliasAnalysisKind::CONSERVATIVE would also keep it, but TorchScript
 // refuses it for a schema with alias annotations.) tests/test_torchscript.py
 // checks every op with a mutated list.
-#include "asgd_args.h"
+#include "asgd.h"
 
 #include <torch/library.h>
 

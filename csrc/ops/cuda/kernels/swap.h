@@ -4,8 +4,8 @@
 // dtype (complex included) is swapped bit for bit; no scratch memory.
 #pragma once
 
-#include "../swap_args.h"
-#include "../dense_views.h"
+#include "../../swap.h"
+#include "../../../utils/dense_views.h"
 #include "multi_tensor_apply.h"
 
 #include <ATen/TensorIterator.h>

@@ -11,8 +11,8 @@
 // the same name in the optimizer's param groups / ASGDOptions.
 #pragma once
 
-#include "cpu_scalars.h"
-#include "prefetch.h"
+#include "../utils/cpu_scalars.h"
+#include "../utils/prefetch.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>

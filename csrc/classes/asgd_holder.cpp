@@ -12,8 +12,8 @@
 // are exactly those of a call from Python. It has no rules of its own: the
 // optimizer (torchext/optim/_state.py) makes a new holder whenever it
 // rebuilds the slot group, and never uses one while torch.compile traces.
-#include "asgd_args.h"
-#include "prefetch.h"
+#include "../ops/asgd.h"
+#include "../utils/prefetch.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/custom_class.h>

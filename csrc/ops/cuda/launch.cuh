@@ -5,7 +5,7 @@
 // op runs on; nothing here syncs with the host.
 #pragma once
 
-#include "../kernels/multi_tensor_apply.h"
+#include "kernels/multi_tensor_apply.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
