@@ -3,6 +3,7 @@
 // shared per-element math (elementwise_math.h) in the per-ISA loops of
 // isa_kernels_impl.h.
 #include "../asgd.h"
+#include "../asgd_registration.h"
 #include "../../utils/dense_views.h"
 #include "chunks.h"
 #include "isa_kernels.h"

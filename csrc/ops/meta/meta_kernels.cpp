@@ -8,6 +8,7 @@
 //   no torchext kernel (a clear error).
 #include "../amp.h"
 #include "../asgd.h"
+#include "../asgd_registration.h"
 #include "../swap.h"
 
 #include <torch/library.h>
