@@ -1,4 +1,4 @@
-// The CUDA executor of the launch plans in csrc/kernels/: every kernel is
+// The CUDA executor of the launch plans in csrc/ops/cuda/kernels/: every kernel is
 // body_kernel<Body>, a thin __global__ wrapper that calls the body (a
 // C10_HOST_DEVICE struct shared with the host runner) with the real block
 // and thread indices. Launches go on the current stream of the device the

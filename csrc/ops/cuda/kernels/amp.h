@@ -1,6 +1,6 @@
 // The AMP ops on an accelerator (check_finite_, unscale_, update_scale_):
 // kernel bodies (C10_HOST_DEVICE) and the host-side plan, a template over
-// the executor like asgd.h (csrc/cuda/amp_cuda.cu, host_runner.h).
+// the executor like asgd.h (csrc/ops/cuda/amp_cuda.cu, host_runner.h).
 #pragma once
 
 #include "../../amp.h"

@@ -1,6 +1,6 @@
 // torchext::asgd_ on an accelerator: the kernel bodies (C10_HOST_DEVICE) and
 // the host-side plan that launches them through an executor: the CUDA
-// executor (csrc/cuda/asgd_cuda.cu) or the host runner (host_runner.h),
+// executor (csrc/ops/cuda/asgd_cuda.cu) or the host runner (host_runner.h),
 // which runs the very same launches on the CPU.
 //
 // Launches, on one stream, in this order:

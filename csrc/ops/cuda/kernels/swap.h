@@ -1,5 +1,5 @@
 // swap_ on an accelerator: kernel bodies (C10_HOST_DEVICE) and the host-side
-// plan, a template over the executor like asgd.h (csrc/cuda/swap_cuda.cu,
+// plan, a template over the executor like asgd.h (csrc/ops/cuda/swap_cuda.cu,
 // host_runner.h). Elements are moved as raw words of their size, so every
 // dtype (complex included) is swapped bit for bit; no scratch memory.
 #pragma once
