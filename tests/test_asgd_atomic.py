@@ -292,7 +292,7 @@ def test_plan_notices_group_flags():
     assert_match(ours, ref)
 
 
-# --- the C++ holder of eager steps (csrc/asgd_holder.cpp) -------------------
+# --- the C++ holder of eager steps (csrc/classes/asgd_holder.cpp) -------------------
 
 def holders(opt):
     """The C++ holders of the optimizer's slot groups (None where none was made)."""

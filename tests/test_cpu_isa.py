@@ -1,4 +1,4 @@
-"""The CPU kernels are compiled once per instruction set (csrc/cpu/isa_*.cpp)
+"""The CPU kernels are compiled once per instruction set (csrc/ops/cpu/isa_*.cpp)
 and picked at run time like ATen's own (ATEN_CPU_CAPABILITY overrides the
 choice). A test run only exercises the host's best ISA, so the parity and
 AMP-kernel tests run again here, in subprocesses, under every other ISA this

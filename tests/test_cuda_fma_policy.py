@@ -79,7 +79,7 @@ def _compare(source, tmp_path, wanted):
 def test_cuda_kernels_contract_nothing_on_their_own(tmp_path):
     # One translation unit for both files: nvcc's time goes to torch's headers.
     source = tmp_path / "kernels.cu"
-    source.write_text("".join(f'#include "{os.path.join(ROOT, "csrc", "cuda", f)}"\n'
+    source.write_text("".join(f'#include "{os.path.join(ROOT, "csrc", "ops", "cuda", f)}"\n'
                               for f in ("asgd_cuda.cu", "amp_cuda.cu")))
     kernels = ["ASGDElementwise", "ScanBody", "UpdateScaleBody"]
     names, fused, separate = _compare(str(source), tmp_path, kernels)

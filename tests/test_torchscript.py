@@ -1,5 +1,5 @@
 """TorchScript never drops a torchext op call: a scripted step whose mutated
-lists are not used afterwards still updates its tensors (csrc/ops.cpp says
+lists are not used afterwards still updates its tensors (csrc/ops/schemas.cpp says
 why the mutated lists are declared `Tensor(x! -> *)[]`)."""
 import io
 import warnings

@@ -3,7 +3,7 @@
 // torch.ops.torchext.asgd_.
 #include <torchext/optim/asgd.h>
 
-#include "../asgd_args.h"
+#include "../ops/asgd.h"
 #include "asgd_state.h"
 #include "device_groups.h"
 

@@ -3,8 +3,8 @@
 #include <torchext/torchext.h>
 #include <torchext/version.h>
 
-#include "../amp_args.h"
-#include "../cpu/isa_kernels.h"
+#include "../ops/amp.h"
+#include "../ops/cpu/isa_kernels.h"
 #include "device_groups.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>

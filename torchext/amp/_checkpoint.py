@@ -1,7 +1,7 @@
 """GradScaler's option rules and checkpoint format: the constructor and
 ``load_state_dict`` apply the same rules, so a checkpoint the constructor
 would refuse is refused whole, before anything changes. The C++ GradScaler
-applies the same rules (the update_scale_ op's validator, csrc/amp_args.cpp);
+applies the same rules (the update_scale_ op's validator, csrc/ops/amp.cpp);
 tests/checkpoint_corruptions.py holds the table both sides are tested on."""
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def check_options(*, init_scale: float, backoff_factor: float, growth_factor: fl
     integer (so finite) growth_interval and hysteresis >= 1, a finite
     min_scale >= 0; max_scale may be inf (no clamp, the default None) but
     not NaN. The C++ rules are update_scale_'s validator
-    (csrc/amp_args.cpp) plus the same init_scale check."""
+    (csrc/ops/amp.cpp) plus the same init_scale check."""
     if growth_factor is not None and not 1.0 < growth_factor < math.inf:
         raise ValueError(f"{where}: growth_factor must be > 1 and finite, got {growth_factor}")
     if not (math.isfinite(init_scale) and init_scale > 0.0):

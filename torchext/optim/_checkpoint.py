@@ -38,7 +38,7 @@ def _lr_value_readable(lr: Tensor) -> bool:
     """Whether a tensor lr's value can be read without a device sync: only
     where it lives in host memory (a CUDA lr is not read, a meta one holds
     no value). The asgd_ op's validator reads the same ones
-    (csrc/asgd_args.cpp: check_asgd_header)."""
+    (csrc/ops/asgd.cpp: check_asgd_header)."""
     local = _dtensor.to_local(lr)
     return local.device.type == "cpu" and not local.is_meta
 

@@ -1,6 +1,6 @@
 """``torch.ops.torchext.asgd_`` as Python calls it.
 
-The op's arguments are named once, in the table of ``csrc/asgd_args.h``
+The op's arguments are named once, in the table of ``csrc/ops/asgd_schema.h``
 (the schema is generated from it). Python reads the names of the
 hyperparameters from the registered schema, so a hyperparameter added there
 reaches the optimizer (which takes it from the param group of the same name)

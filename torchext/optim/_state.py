@@ -23,7 +23,7 @@ data.
   is not noticed (documented).
 * **The C++ holder.** In eager mode a slot group of plain tensors on a
   device with kernels keeps its lists in ``torch.classes.torchext.ASGDHolder``
-  (csrc/asgd_holder.cpp), which reads the grads itself and calls
+  (csrc/classes/asgd_holder.cpp), which reads the grads itself and calls
   ``asgd_.packed``: a step passes no list from Python. It is made anew with
   its slot group and holds nothing else.
 """

@@ -16,5 +16,5 @@ inline constexpr int64_t kStateDictVersion = 1;
 }  // namespace amp
 }  // namespace torchext
 
-// Exported by the library (csrc/state_dict_version.cpp), for Python.
+// Exported by the library (csrc/library/state_dict_version.cpp), for Python.
 extern "C" int64_t torchext_scaler_state_dict_version();

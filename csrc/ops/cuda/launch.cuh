@@ -1,11 +1,11 @@
-// The CUDA executor of the launch plans in csrc/kernels/: every kernel is
+// The CUDA executor of the launch plans in csrc/ops/cuda/kernels/: every kernel is
 // body_kernel<Body>, a thin __global__ wrapper that calls the body (a
 // C10_HOST_DEVICE struct shared with the host runner) with the real block
 // and thread indices. Launches go on the current stream of the device the
 // op runs on; nothing here syncs with the host.
 #pragma once
 
-#include "../kernels/multi_tensor_apply.h"
+#include "kernels/multi_tensor_apply.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>

@@ -1,6 +1,6 @@
 // torchext::asgd_ on an accelerator: the kernel bodies (C10_HOST_DEVICE) and
 // the host-side plan that launches them through an executor: the CUDA
-// executor (csrc/cuda/asgd_cuda.cu) or the host runner (host_runner.h),
+// executor (csrc/ops/cuda/asgd_cuda.cu) or the host runner (host_runner.h),
 // which runs the very same launches on the CPU.
 //
 // Launches, on one stream, in this order:
@@ -14,9 +14,9 @@
 // an eta/mu another chunk already advanced.
 #pragma once
 
-#include "../asgd_args.h"
-#include "../cpu_scalars.h"
-#include "../dense_views.h"
+#include "../../asgd.h"
+#include "../../../utils/cpu_scalars.h"
+#include "../../../utils/dense_views.h"
 #include "multi_tensor_apply.h"
 #include "torchext/elementwise_math.h"
 

@@ -12,8 +12,8 @@
 // are exactly those of a call from Python. It has no rules of its own: the
 // optimizer (torchext/optim/_state.py) makes a new holder whenever it
 // rebuilds the slot group, and never uses one while torch.compile traces.
-#include "asgd_args.h"
-#include "prefetch.h"
+#include "../ops/asgd_stack.h"
+#include "../utils/prefetch.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/custom_class.h>
@@ -88,7 +88,7 @@ struct ASGDHolder : torch::CustomClassHolder {
 
   // One step of asgd_.packed over the held lists with every param's current
   // .grad. `hyper`: the op's hyperparameters in the order of its argument
-  // table (asgd_args.h). validate_only: the op's Meta kernel (its
+  // table (ops/asgd_schema.h). validate_only: the op's Meta kernel (its
   // validation alone, which writes nothing) on the real tensors. Returns the
   // indices of params that have a grad but no state yet, having done
   // nothing, when there are some (the optimizer creates their state, then

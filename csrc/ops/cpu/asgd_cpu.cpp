@@ -2,8 +2,9 @@
 // spread over threads (chunks.h); each chunk runs the
 // shared per-element math (elementwise_math.h) in the per-ISA loops of
 // isa_kernels_impl.h.
-#include "../asgd_args.h"
-#include "../dense_views.h"
+#include "../asgd.h"
+#include "../asgd_registration.h"
+#include "../../utils/dense_views.h"
 #include "chunks.h"
 #include "isa_kernels.h"
 #include "torchext/elementwise_math.h"

@@ -1,10 +1,10 @@
 // CPU kernels of the AMP ops: check_finite_ (read-only), unscale_ (multiply
 // and check in one pass) and update_scale_. Chunks span all tensors and run
 // under at::parallel_for, like the ASGD kernel.
-#include "../amp_args.h"
-#include "../cpu_scalars.h"
-#include "../prefetch.h"
-#include "../dense_views.h"
+#include "../amp.h"
+#include "../../utils/cpu_scalars.h"
+#include "../../utils/prefetch.h"
+#include "../../utils/dense_views.h"
 #include "chunks.h"
 #include "isa_kernels.h"
 #include "torchext/elementwise_math.h"

@@ -4,7 +4,7 @@
 //
 // A kernel body is a stateless struct whose C10_HOST_DEVICE operator() takes
 // a ThreadCtx (block, thread, threads per block) and the launch's arguments.
-// The CUDA kernels (csrc/cuda/launch.cuh) are one generic __global__ wrapper
+// The CUDA kernels (csrc/ops/cuda/launch.cuh) are one generic __global__ wrapper
 // that calls it with blockIdx.x / threadIdx.x / blockDim.x; the host runner
 // (host_runner.h) calls it for every block and thread of the same launches on
 // the CPU. The host-side launch code of each op family (asgd.h, amp.h,

@@ -1,6 +1,6 @@
-#include "amp_args.h"
+#include "amp.h"
 
-#include "prefetch.h"
+#include "../utils/prefetch.h"
 
 #include <c10/util/Exception.h>
 

@@ -2,8 +2,8 @@
 // place. Pairs laid out alike are walked as flat buffers in chunks spread
 // over the threads (chunks.h); other pairs element by element through a
 // TensorIterator over both. The only scratch memory is a small stack buffer.
-#include "../swap_args.h"
-#include "../dense_views.h"
+#include "../swap.h"
+#include "../../utils/dense_views.h"
 #include "chunks.h"
 
 #include <ATen/TensorIterator.h>

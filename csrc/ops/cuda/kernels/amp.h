@@ -1,12 +1,12 @@
 // The AMP ops on an accelerator (check_finite_, unscale_, update_scale_):
 // kernel bodies (C10_HOST_DEVICE) and the host-side plan, a template over
-// the executor like asgd.h (csrc/cuda/amp_cuda.cu, host_runner.h).
+// the executor like asgd.h (csrc/ops/cuda/amp_cuda.cu, host_runner.h).
 #pragma once
 
-#include "../amp_args.h"
-#include "../cpu_scalars.h"
-#include "../prefetch.h"
-#include "../dense_views.h"
+#include "../../amp.h"
+#include "../../../utils/cpu_scalars.h"
+#include "../../../utils/prefetch.h"
+#include "../../../utils/dense_views.h"
 #include "multi_tensor_apply.h"
 #include "torchext/elementwise_math.h"
 

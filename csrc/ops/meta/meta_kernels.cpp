@@ -6,9 +6,10 @@
 // - CompositeExplicitAutograd: what the dispatcher runs for a call with no
 //   tensor at all (empty lists: a no-op, as documented) and for devices with
 //   no torchext kernel (a clear error).
-#include "../amp_args.h"
-#include "../asgd_args.h"
-#include "../swap_args.h"
+#include "../amp.h"
+#include "../asgd.h"
+#include "../asgd_registration.h"
+#include "../swap.h"
 
 #include <torch/library.h>
 

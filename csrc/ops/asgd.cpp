@@ -1,4 +1,4 @@
-#include "asgd_args.h"
+#include "asgd.h"
 
 #include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
@@ -7,125 +7,6 @@
 #include <utility>
 
 namespace torchext {
-
-// ---- the table: schema, decoding by name, pushing ---------------------------
-
-std::string asgd_schema(ASGDState state) {
-  const bool packed = state == ASGDState::kPacked;
-  std::string s = packed ? "asgd_.packed(" : "asgd_(";
-  s += "Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, ";
-  s += packed ? "Tensor(c!) mus, Tensor(d!) etas, Tensor(e!) steps"
-              : "Tensor(c! -> *)[] mus, Tensor(d! -> *)[] etas, Tensor(e! -> *)[] steps";
-  s += ", *, Tensor lr";
-#define TORCHEXT_ASGD_SCHEMA_ARG(name, type, schema_type) s += ", " schema_type " " #name;
-  TORCHEXT_ASGD_HYPERPARAMS(TORCHEXT_ASGD_SCHEMA_ARG)
-#undef TORCHEXT_ASGD_SCHEMA_ARG
-  s += ", Tensor? grad_scale=None, Tensor? found_inf=None) -> ()";
-  return s;
-}
-
-namespace {
-
-// Where each argument sits in the schema, looked up by name once.
-struct ArgIndex {
-  size_t params, grads, axs, mus, etas, steps, lr, grad_scale, found_inf;
-#define TORCHEXT_ASGD_INDEX(name, type, schema_type) size_t name;
-  TORCHEXT_ASGD_HYPERPARAMS(TORCHEXT_ASGD_INDEX)
-#undef TORCHEXT_ASGD_INDEX
-  size_t num_args;
-
-  explicit ArgIndex(const c10::FunctionSchema& s) {
-    const auto at = [&](const char* name) {
-      const auto i = s.argumentIndexWithName(name);
-      TORCH_INTERNAL_ASSERT(i.has_value(), "asgd_ has no argument '", name, "'");
-      return static_cast<size_t>(*i);
-    };
-    params = at("params");
-    grads = at("grads");
-    axs = at("axs");
-    mus = at("mus");
-    etas = at("etas");
-    steps = at("steps");
-    lr = at("lr");
-    grad_scale = at("grad_scale");
-    found_inf = at("found_inf");
-#define TORCHEXT_ASGD_LOOKUP(name, type, schema_type) name = at(#name);
-    TORCHEXT_ASGD_HYPERPARAMS(TORCHEXT_ASGD_LOOKUP)
-#undef TORCHEXT_ASGD_LOOKUP
-    num_args = s.arguments().size();
-  }
-};
-
-const ArgIndex& arg_index() {
-  // Both overloads come from asgd_schema(): same names, same positions.
-  static const ArgIndex index(asgd_op(ASGDState::kLists).schema());
-  return index;
-}
-
-}  // namespace
-
-size_t asgd_num_args() { return arg_index().num_args; }
-
-TensorRefs::TensorRefs(at::TensorList ts) {
-  ptrs_.reserve(ts.size());
-  for (const at::Tensor& t : ts) ptrs_.push_back(&t);
-}
-
-TensorRefs::TensorRefs(c10::ArrayRef<c10::IValue> vs) {
-  static const at::Tensor kUndefined;
-  ptrs_.reserve(vs.size());
-  for (const c10::IValue& v : vs) ptrs_.push_back(v.isTensor() ? &v.toTensor() : &kUndefined);
-}
-
-ASGDArgs asgd_args_from_stack(const c10::OperatorHandle&, const torch::jit::Stack& stack) {
-  const ArgIndex& ix = arg_index();
-  TORCH_INTERNAL_ASSERT(stack.size() >= ix.num_args);
-  const c10::IValue* v = stack.data() + (stack.size() - ix.num_args);
-  ASGDArgs a;
-  a.params = TensorRefs(v[ix.params].toListRef());
-  a.grads = TensorRefs(v[ix.grads].toListRef());
-  a.axs = TensorRefs(v[ix.axs].toListRef());
-  if (v[ix.steps].isTensor()) {  // asgd_.packed
-    a.packed_mus = v[ix.mus].toTensor();
-    a.packed_etas = v[ix.etas].toTensor();
-    a.packed_steps = v[ix.steps].toTensor();
-  } else {
-    a.mus = TensorRefs(v[ix.mus].toListRef());
-    a.etas = TensorRefs(v[ix.etas].toListRef());
-    a.steps = TensorRefs(v[ix.steps].toListRef());
-  }
-  a.lr = v[ix.lr].toTensor();
-#define TORCHEXT_ASGD_DECODE(name, type, schema_type) a.name = v[ix.name].to<type>();
-  TORCHEXT_ASGD_HYPERPARAMS(TORCHEXT_ASGD_DECODE)
-#undef TORCHEXT_ASGD_DECODE
-  a.grad_scale = v[ix.grad_scale].toOptional<at::Tensor>();
-  a.found_inf = v[ix.found_inf].toOptional<at::Tensor>();
-  return a;
-}
-
-void push_asgd_args(torch::jit::Stack& stack, c10::IValue params, c10::IValue grads,
-                    c10::IValue axs, c10::IValue mus, c10::IValue etas, c10::IValue steps,
-                    const at::Tensor& lr, const ASGDHyperparams& hyper,
-                    const std::optional<at::Tensor>& grad_scale,
-                    const std::optional<at::Tensor>& found_inf) {
-  // The order of asgd_schema(); arg_index() checks the names at first use.
-  torch::jit::push(stack, std::move(params), std::move(grads), std::move(axs), std::move(mus),
-                   std::move(etas), std::move(steps), lr);
-#define TORCHEXT_ASGD_PUSH(name, type, schema_type) torch::jit::push(stack, hyper.name);
-  TORCHEXT_ASGD_HYPERPARAMS(TORCHEXT_ASGD_PUSH)
-#undef TORCHEXT_ASGD_PUSH
-  torch::jit::push(stack, grad_scale, found_inf);
-}
-
-const c10::OperatorHandle& asgd_op(ASGDState state) {
-  static const auto lists =
-      c10::Dispatcher::singleton().findSchemaOrThrow("torchext::asgd_", "");
-  static const auto packed =
-      c10::Dispatcher::singleton().findSchemaOrThrow("torchext::asgd_", "packed");
-  return state == ASGDState::kPacked ? packed : lists;
-}
-
-// ---- validation -------------------------------------------------------------
 
 namespace {
 
@@ -154,10 +35,6 @@ void check_state_scalar(const char* name, size_t i, const at::Tensor& t,
   TORCH_CHECK(t.device() == device, "asgd_: ", name, "[", i, "] is on ", t.device(),
               " but params[", i, "] is on ", device,
               "; optimizer state must live on the parameter's device");
-}
-
-void* element_ptr(const at::Tensor& packed, size_t i) {
-  return static_cast<char*>(packed.data_ptr()) + i * packed.element_size();
 }
 
 // The .packed overload's mus, etas and steps: one 1-D tensor each, an
@@ -197,16 +74,6 @@ void check_one_element(const char* what, const at::Tensor& t) {
 }
 
 }  // namespace
-
-void* ASGDArgs::mu_ptr(size_t i) const {
-  return packed() ? element_ptr(packed_mus, i) : mus[i].data_ptr();
-}
-void* ASGDArgs::eta_ptr(size_t i) const {
-  return packed() ? element_ptr(packed_etas, i) : etas[i].data_ptr();
-}
-void* ASGDArgs::step_ptr(size_t i) const {
-  return packed() ? element_ptr(packed_steps, i) : steps[i].data_ptr();
-}
 
 std::optional<ASGDCall> check_asgd_header(const ASGDArgs& a) {
   const size_t n = a.params.size();

@@ -1,11 +1,11 @@
 // swap_ on an accelerator: kernel bodies (C10_HOST_DEVICE) and the host-side
-// plan, a template over the executor like asgd.h (csrc/cuda/swap_cuda.cu,
+// plan, a template over the executor like asgd.h (csrc/ops/cuda/swap_cuda.cu,
 // host_runner.h). Elements are moved as raw words of their size, so every
 // dtype (complex included) is swapped bit for bit; no scratch memory.
 #pragma once
 
-#include "../swap_args.h"
-#include "../dense_views.h"
+#include "../../swap.h"
+#include "../../../utils/dense_views.h"
 #include "multi_tensor_apply.h"
 
 #include <ATen/TensorIterator.h>

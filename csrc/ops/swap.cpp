@@ -1,4 +1,4 @@
-#include "swap_args.h"
+#include "swap.h"
 
 #include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>

@@ -15,7 +15,7 @@
 // (AliasAnalysisKind::CONSERVATIVE would also keep it, but TorchScript
 // refuses it for a schema with alias annotations.) tests/test_torchscript.py
 // checks every op with a mutated list.
-#include "asgd_args.h"
+#include "asgd_schema.h"
 
 #include <torch/library.h>
 
@@ -29,7 +29,7 @@ TORCH_LIBRARY(torchext, m) {
   // recompiles). C++ callers may put an undefined tensor in grads: that
   // entry is left alone, as torch.optim leaves params without grads (the
   // optimizer's C++ holder steps a whole group so). The schema is generated
-  // from the one argument table in asgd_args.h:
+  // from the one argument table in asgd_schema.h:
   //   asgd_(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs,
   //         Tensor(c! -> *)[] mus, Tensor(d! -> *)[] etas, Tensor(e! -> *)[] steps, *,
   //         Tensor lr, float lambd, float alpha, float t0, float weight_decay,
