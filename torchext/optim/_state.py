@@ -239,7 +239,7 @@ class GroupSlots:
     group, its params list and the flags that decide the route): compared
     at every step in O(1); any difference rebuilds them."""
     __slots__ = ("group", "params_list", "fused_flag", "differentiable", "t0_per_param", "fused",
-                 "slot_groups")
+                 "slot_groups", "on_meta")
 
     def __init__(self, group: dict[str, Any], state: StateMap) -> None:
         self.group = group
@@ -262,6 +262,8 @@ class GroupSlots:
             sg = SlotGroup(device, t0, [params[i] for i in idx])
             sg.pack([_state_of(state, params[i]) for i in idx])
             self.slot_groups.append(sg)
+        # Meta grads hold no values: the scaler's inf check cannot use them.
+        self.on_meta = any(sg.device.type == "meta" for sg in self.slot_groups)
 
     def fresh(self, group: dict[str, Any]) -> bool:
         return (self.group is group and group["params"] is self.params_list

@@ -148,9 +148,7 @@ class ASGD(GroupsAlias, Optimizer):
         if torch.compiler.is_compiling():
             return None
         slots = self._slots()
-        if not all(gs.native_ok() for gs in slots) or any(
-                sg.device.type == "meta" for gs in slots for sg in gs.slot_groups):
-            # (meta grads hold no values: the scaler's own path decides)
+        if not all(gs.native_ok() and not gs.on_meta for gs in slots):
             return None
         found: dict[torch.device, Tensor] = {}
         for gs in slots:
