@@ -177,6 +177,26 @@ class build_ext(BuildExtension):
                 ext.extra_link_args.append("-Wl,--strip-debug")
         super().build_extensions()
 
+    def build_extension(self, ext):
+        # The per-ISA sources (cmake/isa_flags.txt) are compiled on their own,
+        # each with its ISA's flags on top of the extension's (torch's
+        # defines, ABI and Py_LIMITED_API flags included: build_extensions
+        # added them by now), and linked in as objects: setuptools has no
+        # per-file flags. Ninja keeps this incremental like the rest.
+        for src, flags in ISA_FLAGS.items():
+            if src not in ext.sources:
+                continue
+            ext.sources.remove(src)
+            args = dict(ext.extra_compile_args)
+            args["cxx"] = list(args["cxx"]) + flags
+            name = os.path.splitext(os.path.basename(src))[0]
+            ext.extra_objects += self.compiler.compile(
+                [src], output_dir=os.path.join(self.build_temp, name),
+                macros=ext.define_macros, include_dirs=ext.include_dirs,
+                debug=self.debug, extra_postargs=args, depends=ext.depends)
+            ext.depends.append(src)  # a change relinks
+        super().build_extension(ext)
+
     def run(self):
         super().run()
         if self.inplace:
@@ -213,6 +233,24 @@ def read_cxx_flags():
 
 
 cxx_flags = read_cxx_flags()
+
+
+def read_isa_flags():
+    """cmake/isa_flags.txt (CMakeLists.txt reads it too): per-ISA source under
+    csrc/ops/cpu/ -> its extra flags. x86-64 only: elsewhere those files
+    compile to their empty fallback."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return {}
+    out = {}
+    with open(os.path.join(ROOT, "cmake", "isa_flags.txt")) as f:
+        for line in f:
+            if line.strip() and not line.lstrip().startswith("#"):
+                name, *flags = line.split()
+                out[os.path.join("csrc", "ops", "cpu", name)] = flags
+    return out
+
+
+ISA_FLAGS = read_isa_flags()
 # The library is also linked by C++ programs (torchext.cmake_prefix_path),
 # where no `import torch` has loaded torch's libraries first: let it find
 # them itself, next to it in site-packages or where it was built.

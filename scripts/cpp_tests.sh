@@ -8,7 +8,8 @@
 # Env: PYTHON (default python3: must import torch and, from the repo root,
 # torchext), BUILD_DIR (default cpp_build), JOBS (default 2),
 # TORCHEXT_CUDA (default 0: CUDA kernels take minutes to compile; 1 builds them),
-# CTEST_ARGS (extra ctest arguments, e.g. "-R asgd").
+# CTEST_ARGS (extra ctest arguments, e.g. "-R asgd"), CMAKE_EXTRA (extra configure
+# arguments, e.g. -DGTest_DIR=... for an unpacked GoogleTest).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PYTHON=${PYTHON:-python3}
@@ -39,7 +40,7 @@ if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then GEN_ARGS=("${GEN[@]}"); else GEN_A
 cmake -S "$ROOT" -B "$BUILD_DIR" "${GEN_ARGS[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" -DTORCHEXT_CUDA=$CUDA_FLAG \
   -DTORCHEXT_BUILD_TESTS=ON -DTORCHEXT_BUILD_EXAMPLES=ON \
-  -DTORCHEXT_PYTHON="$PYTHON" -DTORCHEXT_REF_DIR="$BUILD_DIR/cpp_ref" > "$BUILD_DIR/configure.log" 2>&1 ||
+  -DTORCHEXT_PYTHON="$PYTHON" -DTORCHEXT_REF_DIR="$BUILD_DIR/cpp_ref" ${CMAKE_EXTRA:-} > "$BUILD_DIR/configure.log" 2>&1 ||
   { cat "$BUILD_DIR/configure.log"; exit 1; }
 stamp "configured"
 cmake --build "$BUILD_DIR" -j "$JOBS"

@@ -4,6 +4,8 @@ choice). A test run only exercises the host's best ISA, so the parity and
 AMP-kernel tests run again here, in subprocesses, under every other ISA this
 CPU can execute."""
 import os
+import platform
+import shutil
 import subprocess
 import sys
 
@@ -28,7 +30,7 @@ def test_library_uses_atens_choice():
     assert torchext.cpu_isa() == ("default" if _HOST not in _ORDER else _HOST)
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="per-ISA builds are x86-64 GCC only")
+@pytest.mark.skipif(sys.platform != "linux", reason="per-ISA builds are x86-64 only")
 @pytest.mark.parametrize("isa", [i for i in _RUNNABLE if i != _HOST])
 def test_kernels_under_isa(isa):
     # In the torchext under test's directory, not the checkout (an installed
@@ -47,3 +49,45 @@ def test_kernels_under_isa(isa):
                            timeout=600)
         assert r.returncode == 0, f"{suite} under ATEN_CPU_CAPABILITY={isa}:\n{r.stdout[-4000:]}"
         assert " passed" in r.stdout.splitlines()[-1], r.stdout[-500:]
+
+
+def _flag_lines(name):
+    with open(os.path.join(SRC, "cmake", name)) as f:
+        return [ln.split() for ln in f if ln.strip() and not ln.lstrip().startswith("#")]
+
+
+# Every C++ compiler of the ones users build with that this machine has: GCC
+# (any version on PATH) and clang. CI installs Debian's clang so that a
+# per-ISA build one of them refuses (GCC 13's always_inline error under a
+# `#pragma GCC target`) or silently builds without its ISA (clang ignored that
+# pragma) fails here, without a GPU machine's toolchain.
+_COMPILERS = [c for c in ("g++", "g++-12", "g++-13", "g++-14", "clang++", "clang++-14",
+                          "clang++-16", "clang++-19") if shutil.which(c)]
+# What a per-ISA object must contain: instructions that only that ISA has.
+_ISA_REGISTERS = {"isa_avx2.cpp": "%ymm", "isa_avx512.cpp": "%zmm"}
+
+
+@pytest.mark.toolchain
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64 ISA builds")
+@pytest.mark.skipif(not _COMPILERS, reason="no C++ compiler on PATH")
+@pytest.mark.parametrize("compiler", _COMPILERS or ["none"])
+def test_isa_sources_build_with_their_flags(compiler, tmp_path):
+    """The per-ISA sources compile with each compiler, with the flags of
+    cmake/isa_flags.txt (the list setup.py and CMake both read), and the
+    objects hold that ISA's instructions, not the empty fallback."""
+    if not shutil.which("objdump"):
+        pytest.skip("objdump (binutils) not on PATH")
+    from torch.utils import cpp_extension
+    base = [f[0] for f in _flag_lines("cxx_flags.txt")]
+    incs = [f"-I{p}" for p in cpp_extension.include_paths()] + [
+        f"-I{os.path.join(SRC, 'csrc', 'include')}"]
+    abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+    for name, *flags in _flag_lines("isa_flags.txt"):
+        obj = tmp_path / (name + ".o")
+        cmd = [compiler, "-c", "-fPIC", abi, *base, *flags, *incs,
+               os.path.join(SRC, "csrc", "ops", "cpu", name), "-o", str(obj)]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, f"{compiler} {name}:\n{r.stderr[-4000:]}"
+        dis = subprocess.run(["objdump", "-d", str(obj)], capture_output=True, text=True,
+                             check=True).stdout
+        assert _ISA_REGISTERS[name] in dis, f"{compiler} built {name} without its ISA"
