@@ -279,14 +279,25 @@ def test_capturable_path_has_no_host_sync(device):
 
 
 @requires_cuda
-def test_cuda_sync_debug_mode_error():
-    model, opt, scaler = make("cuda")
+@pytest.mark.parametrize("capturable", [True, False])
+def test_cuda_sync_debug_mode(capturable):
+    """capturable=True: scaler.step, scaler.update and opt.step never sync
+    with the host. capturable=False (plain eager): exactly the one host read
+    README.md documents, found_inf in scaler.step, as torch's scaler pays for
+    every plain optimizer (frameworks read 'step() was not called')."""
+    model, _, scaler = make("cuda")
+    opt = torchext.optim.ASGD(model.parameters(), lr=torch.tensor(0.01, device="cuda"), t0=3,
+                              weight_decay=1e-4, capturable=capturable)
     x, y = batches(1, "cuda", inf_at=())[0]
     scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        scaler.step(opt)
+        if capturable:
+            scaler.step(opt)
+        else:
+            with pytest.raises(RuntimeError, match="synchroniz"):
+                scaler.step(opt)
         scaler.update()
         opt.step()
     finally:
