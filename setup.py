@@ -267,6 +267,60 @@ if sys.platform.startswith("linux") and platform.machine() == "x86_64" and \
     link_flags += ["-Wl,--wrap=pow"]
 for _d in _lib_dirs:
     link_flags += [f"-Wl,-rpath,$ORIGIN/../{_d}", f"-Wl,-rpath,{os.path.join(_site, _d)}"]
+
+
+def links_libstdcxx_statically(cxx):
+    """Whether `cxx` puts libstdc++ itself into a shared library (a GCC built
+    without a shared libstdc++ in its own lib dir, or one whose specs say
+    -static-libstdc++; seen with a GCC 13 in /opt/gcc on a GPU machine).
+    Such a library holds a second copy of the locale machinery next to the
+    one torch's process loaded, and formatting a number in an error message
+    (TORCH_CHECK's c10::str) then picks the wrong locale facet and crashes
+    the process. Probe: link a one-line shared library and see whether it
+    defines an ostream number inserter itself."""
+    import subprocess
+    import tempfile
+    if sys.platform != "linux":
+        return False
+    with tempfile.TemporaryDirectory() as tmp:
+        src, lib = os.path.join(tmp, "probe.cpp"), os.path.join(tmp, "probe.so")
+        with open(src, "w") as f:
+            f.write("#include <sstream>\nstd::string f(unsigned long n) "
+                    "{ std::ostringstream s; s << n; return s.str(); }\n")
+        try:
+            subprocess.run([cxx, "-shared", "-fPIC", src, "-o", lib], check=True,
+                           capture_output=True, timeout=120)
+            out = subprocess.run(["nm", "-D", "--defined-only", lib], check=True,
+                                 capture_output=True, text=True, timeout=60).stdout
+        except (OSError, subprocess.SubprocessError):
+            return False  # no probe possible: keep the compiler's default
+    return "_ZNSo9_M_insertImEERSoT_" in out
+
+
+def loaded_libstdcxx():
+    """The libstdc++.so.6 this Python process (with torch) has loaded: the
+    one the library will share at run time."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.split()[-1]
+            if os.path.basename(path).startswith("libstdc++.so"):
+                return path
+    return None
+
+
+if os.environ.get("TORCHEXT_SKIP_LIBSTDCXX_PROBE") != "1":
+    _cxx = os.environ.get("CXX", "c++")
+    if links_libstdcxx_statically(_cxx):
+        _shared = loaded_libstdcxx()
+        if _shared is None:
+            raise SystemExit(f"setup.py: {_cxx} links libstdc++ statically into shared libraries "
+                             "and no shared libstdc++ is loaded to link instead; a library built "
+                             "so would crash on its first error message. Use a compiler with a "
+                             "shared libstdc++ (CXX=...).")
+        # Named before the compiler's own -lstdc++: every standard-library
+        # symbol resolves to the shared library torch uses.
+        print(f"setup.py: {_cxx} links libstdc++ statically; linking {_shared} instead")
+        link_flags.append(_shared)
 include_dirs = [os.path.join(ROOT, "csrc", "include"), GENERATED_INCLUDE]
 # Every .cpp under csrc/ (docs/architecture.md, "Where a new op, validator or
 # kernel goes"), the C++ API (csrc/api/) apart; the .cu files are under ops/cuda/.

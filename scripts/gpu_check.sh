@@ -45,12 +45,12 @@ if ! "$PY" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/de
   exit 1
 fi
 # This GPU's compute capability, e.g. 9.0 (nvidia-smi; torch asks the same driver).
-CC=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n1 | tr -d ' ')
+CAP=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n1 | tr -d ' ')
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1)
 TORCH=$("$PY" -c 'import torch; print(torch.__version__)')
-echo "gpu_check: $GPU (compute capability $CC), torch $TORCH, $($PY --version), $(nproc) cores"
+echo "gpu_check: $GPU (compute capability $CAP), torch $TORCH, $($PY --version), $(nproc) cores"
 if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then export CUDA_HOME=/usr/local/cuda; fi
-export TORCHEXT_CUDA=1 TORCH_CUDA_ARCH_LIST=$CC MAX_JOBS=${MAX_JOBS:-$(nproc)}
+export TORCHEXT_CUDA=1 TORCH_CUDA_ARCH_LIST=$CAP MAX_JOBS=${MAX_JOBS:-$(nproc)}
 export PYTHONUNBUFFERED=1
 
 declare -a NAMES RESULTS
@@ -78,12 +78,9 @@ skip() {  # skip NAME WHY
 }
 
 # --- Build in place, with this machine's compilers and torch (no index) ---
-build() {
-  "$PY" -m pip install --no-build-isolation --no-deps --no-index -e . ||
-    { echo "pip install -e failed; building with setup.py build_ext --inplace";
-      "$PY" setup.py build_ext --inplace; }
-}
-if ! step build build; then
+if ! step build bash -c "'$PY' -m pip install --no-build-isolation --no-deps --no-index -e . ||
+    { echo 'pip install -e failed; building with setup.py build_ext --inplace';
+      '$PY' setup.py build_ext --inplace; }"; then
   echo "gpu_check: FAILED (the build failed; see $OUT/build.log)"
   exit 1
 fi
@@ -165,7 +162,7 @@ else
 fi
 
 echo
-echo "== gpu_check summary ($GPU, compute capability $CC, torch $TORCH, logs in $OUT/)"
+echo "== gpu_check summary ($GPU, compute capability $CAP, torch $TORCH, logs in $OUT/)"
 fail=0; skipped=0
 for i in "${!NAMES[@]}"; do
   printf '  %-32s %s\n' "${NAMES[$i]}" "${RESULTS[$i]}"

@@ -434,3 +434,61 @@ def test_t0_inf_is_allowed_by_the_op():
         for s, t in zip(x, y):
             assert torch.equal(s, t)
     assert all(torch.isfinite(t).all() for lst in a for t in lst)
+
+
+# --- The CUDA kernels' host code, driven from the CPU ------------------------
+# On a GPU machine (GCC 13, torch 2.11) every bad-input message that formats a
+# number crashed the process: that library held its own copy of libstdc++'s
+# locale code (setup.py: links_libstdcxx_statically). Redispatching to the
+# CUDA kernel with CPU tensors runs its validation here without a GPU: the
+# same errors, with their numbers, must come back as exceptions.
+_CUDA_KEY = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+
+
+def _cuda_host_cases():
+    def lists(n=2):
+        p = [torch.randn(5, 3), torch.randn(7)][:n]
+        return [p, [torch.randn_like(x) for x in p], [torch.zeros_like(x) for x in p],
+                [torch.ones(()) for _ in p], [torch.full((), 0.1) for _ in p],
+                [torch.zeros(()) for _ in p]]
+
+    def asgd(a, lr=0.1):
+        return lambda: ops.asgd_.default.redispatch(
+            _CUDA_KEY, *a, lr=torch.tensor(lr, dtype=torch.float64), lambd=1e-4, alpha=0.75,
+            t0=0.0, weight_decay=0.0, maximize=False)
+
+    a = lists()
+    a[1].pop()
+    yield "asgd_ lists of different lengths", asgd(a), ValueError, r"same length, got 2, 1, 2"
+    yield "asgd_ negative lr", asgd(lists(), lr=-1.0), ValueError, r"invalid learning rate: -1"
+    found2 = torch.zeros(2)
+    yield ("check_finite_ 2-element found_inf",
+           lambda: ops.check_finite_.default.redispatch(_CUDA_KEY, [torch.ones(3)], found2),
+           ValueError, r"exactly one element, got shape \[2\]")
+    g = [torch.randn(4), torch.ones(3, dtype=torch.int64)]
+    yield ("unscale_ integer tensor after a valid one",
+           lambda: ops.unscale_.default.redispatch(_CUDA_KEY, g, torch.zeros(()),
+                                                   torch.full((), 0.5)),
+           TypeError, r"tensors\[1\] has unsupported dtype Long")
+
+
+@pytest.mark.skipif(not torchext.has_cuda_kernels(), reason="built without the CUDA kernels")
+@pytest.mark.parametrize("case", [c[0] for c in _cuda_host_cases()])
+def test_cuda_kernels_host_validation_raises(case):
+    _, call, exc, match = next(c for c in _cuda_host_cases() if c[0] == case)
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_library_shares_the_process_libstdcxx():
+    """No second copy of libstdc++ inside the library (see above): its
+    number formatting must be the shared library's."""
+    import shutil
+    import subprocess
+    if shutil.which("nm") is None:
+        pytest.skip("nm (binutils) not on PATH")
+    lib = torchext.library_path
+    syms = subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True, text=True,
+                          check=True).stdout
+    assert "_ZNSo9_M_insertImEERSoT_" not in syms, (
+        f"{lib} defines libstdc++'s ostream inserters itself (libstdc++ linked statically)")
