@@ -25,7 +25,7 @@
 #
 #   bash scripts/gpu_check.sh                  # logs in gpu_check/ (or $OUT)
 # Env: PYTHON, OUT, STEP_TIMEOUT (seconds per step, default 600), GTEST_ROOT,
-#      GPU_CHECK_COMPILE.
+#      GPU_CHECK_COMPILE, GPU_CHECK_BENCH=0 (no benchmark).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-gpu_check}
@@ -127,7 +127,11 @@ if [ $crc -gt 128 ] && [ $crc != 137 ]; then  # a signal (SIGSEGV: 139), not a f
   fi
 fi
 
-step bench "$PY" -m torchext bench --device cuda --only asgd,amp --json "$OUT/bench.json"
+if [ "${GPU_CHECK_BENCH:-1}" = 1 ]; then
+  step bench "$PY" -m torchext bench --device cuda --only asgd,amp --json "$OUT/bench.json"
+else
+  skip bench "GPU_CHECK_BENCH=0"
+fi
 
 SANITIZER=$(command -v compute-sanitizer || true)
 for c in "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" \
