@@ -270,8 +270,16 @@ def check_unscale(device, gen, rng, tally):
         by_dtype = {}
         for r in ref:  # torch's kernel wants one dtype per call
             by_dtype.setdefault(r.dtype, []).append(r)
-        for group in by_dtype.values():
-            torch._amp_foreach_non_finite_check_and_unscale_(group, ref_found, inv)
+        for dtype, group in by_dtype.items():
+            try:
+                torch._amp_foreach_non_finite_check_and_unscale_(group, ref_found, inv)
+            except (NotImplementedError, RuntimeError):
+                # Older torch has no bfloat16 CUDA kernel for it (2.11): the
+                # same float32 multiply, rounded once to the dtype on store.
+                up = [r.float() for r in group]
+                torch._amp_foreach_non_finite_check_and_unscale_(up, ref_found, inv)
+                for r, u in zip(group, up):
+                    r.copy_(u)
         tally.case()
         tally.exact("found_inf", found, ref_found)
         for i, (g, r) in enumerate(zip(grads, ref)):
