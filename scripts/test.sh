@@ -40,6 +40,16 @@ EOF
   fi
 fi
 
+# The C++ tests need CMake and GoogleTest (Debian's libgtest-dev); installed
+# first, as the wheel's toolchain tests use the compilers too.
+# Debian's clang (with libomp-dev: torch's headers include omp.h) is the
+# second compiler the toolchain tests build the per-ISA sources with.
+if ! [ -f /usr/include/gtest/gtest.h ] || ! command -v cmake >/dev/null ||
+   ! command -v clang++ >/dev/null; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq &&
+    $SUDO apt-get install -y -qq libgtest-dev cmake clang libomp-dev >/dev/null
+fi
 echo "== wheel (torch $TORCH_VERSION)"
 bash scripts/build_wheels.sh --no-sdist "$TORCH_VERSION"
 # The wheel of this build (0.1.0+torch2.13.0.cu130, not the .cpu one beside it).
@@ -47,9 +57,4 @@ WHEEL=$(ls "dist/torchext-$("$PY" -c 'import torchext; print(torchext.__version_
 echo "== Python tests against the installed wheel (torch $TORCH_VERSION)"
 TORCH_VERSION=$TORCH_VERSION bash scripts/test_wheel.sh "$WHEEL"
 echo "== C++ tests (torch $TORCH_VERSION)"
-# They need CMake and GoogleTest (Debian's libgtest-dev).
-if ! [ -f /usr/include/gtest/gtest.h ] || ! command -v cmake >/dev/null; then
-  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
-  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq libgtest-dev cmake >/dev/null
-fi
 PYTHON="$PY" bash scripts/cpp_tests.sh
