@@ -1,7 +1,7 @@
 // Per-device grouping for the C++ API (ASGD and GradScaler): the ops take
 // lists on one device, so the front ends split their tensors by device, in a
 // fixed device order. The one home of this rule on the C++ side (Python's is
-// in torchext/optim/functional.py).
+// torchext/_devices.py).
 #pragma once
 
 #include <ATen/core/Tensor.h>

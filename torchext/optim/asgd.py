@@ -86,9 +86,12 @@ class ASGD(GroupsAlias, Optimizer):
       schedule drifts).
     * fp16/bf16 parameters are updated in float32 and rounded once.
     * The optimizer owns its state tensors (``torchext/optim/_state.py``):
-      assigning ``opt.state[p]["step"] = x`` writes ``x`` into the tensor
-      held; ``step``/``eta``/``mu`` are 0-d views of one packed tensor per
-      group and device.
+      ``step``/``eta``/``mu`` are 0-d views of one packed tensor per group,
+      device and t0. In-place writes (``opt.state[p]["step"].fill_(x)``) go
+      to the packed tensor; assigning ``opt.state[p]["step"] = x`` is a
+      structural change: the values are repacked before the next step, and
+      a reference to a state tensor taken before it is a stale copy from
+      then on (docs/optimizer.md).
     """
 
     def __init__(
