@@ -72,7 +72,7 @@ step bench "$PY" -m torchext bench --device cuda --only asgd,amp --json "$OUT/be
 # Compiled training (torchext/bench/train_step.py): each recipe in its own
 # process, the model with mode="reduce-overhead" among them; timm and
 # transformers models skip, saying so, where they are not installed.
-step bench_compile "$PY" -m torchext.bench.train_step --device cuda \
+step bench_compile "$PY" -m torchext.bench.compile --device cuda \
   --models mlp-64,mlp-256,timm --recipes torchext,torch-split,torchext-cudagraphs,torchext-fullgraph \
   --timeout 400 --ab-with torch-split,torchext-cudagraphs --json "$OUT/bench_compile.json"
 

@@ -8,7 +8,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchext
 
-# The checkout these tests come from (examples/, benchmarks/, scripts/, csrc/),
+# The checkout these tests come from (examples/, scripts/, csrc/),
 # and the directory that holds the torchext under test: the same checkout for
 # an in-place build, site-packages for an installed wheel (scripts/test_wheel.sh).
 SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
