@@ -318,7 +318,7 @@ def test_differentiable_matches_torch_and_flows_gradients():
 
 def test_fused_none_picks_fused_op_on_meta():
     # One device rule (torchext._devices.KERNEL_DEVICES, C++'s twin tested by
-    # ASGDFusedDefault.MetaParamsTakeTheFusedOpAsInPython): meta params take
+    # ASGD.FusedDefaultMetaParamsTakeTheFusedOpAsInPython): meta params take
     # the fused op (its Meta kernel) and stay on meta; the unfused reference
     # would read eta on the host, which meta cannot.
     from torchext import _devices

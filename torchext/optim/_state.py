@@ -271,10 +271,8 @@ class ParamGroupSlots:
         if t0s is not None and len(t0s) != len(params):
             raise ValueError(f"ASGD: the group's t0_per_param has {len(t0s)} values but the "
                              f"group has {len(params)} params")
-        keys: dict[tuple[torch.device, float | None], list[int]] = {}
-        for i, p in enumerate(params):
-            t0 = None if t0s is None else float(t0s[i])
-            keys.setdefault((_dtensor.to_local(p).device, t0), []).append(i)
+        keys = _devices.indices_by_device_and_key(
+            (_dtensor.to_local(p) for p in params), None if t0s is None else [float(t) for t in t0s])
         self.slot_groups = []
         for (device, t0), idx in keys.items():
             sg = SlotGroup(device, t0, [params[i] for i in idx])

@@ -192,18 +192,15 @@ def asgd(
     lists = [params, grads, axs, mus, etas, state_steps]
     hyper = dict(lambd=lambd, alpha=alpha, weight_decay=weight_decay, maximize=maximize)
     fused = use_fused(params, fused, differentiable)
-    per_param = isinstance(t0, (list, tuple))
+    t0s = [float(t) for t in t0] if isinstance(t0, (list, tuple)) else None
     calls = []
-    for idx in _devices.indices_by_device(_dtensor.to_local(p) for p in params).values():
-        by_t0: dict[float, list[int]] = {}
-        for i in idx:
-            by_t0.setdefault(float(t0[i]) if per_param else float(t0), []).append(i)
-        for t, sub_idx in by_t0.items():
-            sub = [_devices.pick(xs, sub_idx) for xs in lists]
-            if fused:
-                sub = [list(x) for x in _dtensor.to_local_lists(*sub)]
-            calls.append(list_call(sub, fused, lr, _op.hyper_of(hyper, t0=t), capturable,
-                                   grad_scale, found_inf))
+    for (_, t), idx in _devices.indices_by_device_and_key(
+            (_dtensor.to_local(p) for p in params), t0s).items():
+        sub = [_devices.pick(xs, idx) for xs in lists]
+        if fused:
+            sub = [list(x) for x in _dtensor.to_local_lists(*sub)]
+        calls.append(list_call(sub, fused, lr, _op.hyper_of(hyper, t0=float(t0) if t is None else t),
+                               capturable, grad_scale, found_inf))
     run_calls(calls)
 
 
