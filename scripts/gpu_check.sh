@@ -87,7 +87,7 @@ if [ -n "$SANITIZER" ]; then
   step memcheck_ops "$SANITIZER" --tool memcheck --error-exitcode 1 --leak-check no \
     "$RUNNER" --gtest_filter='CudaDevice.*'
   step memcheck_pytest "$SANITIZER" --tool memcheck --error-exitcode 1 --leak-check no \
-    --target-processes all "$PY" -m pytest tests/test_ops.py tests/test_asgd_packed.py -q -x -k cuda
+    --target-processes all "$PY" -m pytest tests/ops/test_ops.py tests/ops/test_asgd_packed.py -q -x -k cuda
 else
   skip memcheck "compute-sanitizer not installed"
 fi

@@ -107,9 +107,9 @@ class NoHostSync(TorchDispatchMode):
 
 # Methods of torch.amp.GradScaler that torchext's overrides, and why. A reason
 # that starts with COMPILED_STEP means a compiled train step calls it (Dynamo
-# skips torch/amp/grad_scaler.py: tests/test_compile_compat.py checks each
+# skips torch/amp/grad_scaler.py: tests/compile/test_compile_compat.py checks each
 # one); the others carry torchext's extensions. Everything else must be
-# torch's own function (tests/test_amp_dropin.py).
+# torch's own function (tests/amp/test_amp_dropin.py).
 COMPILED_STEP = "compiled step"
 SCALER_OVERRIDES = {
     "__init__": "hysteresis, clamps, allow_fp16, process_group",

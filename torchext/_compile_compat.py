@@ -1,6 +1,6 @@
 """Workarounds for torch.compile (Dynamo) and torch's LR schedulers, in one
 place. Each says which torch behaviour it works around; the tests in
-tests/test_compile_compat.py check that torch still behaves that way, so a
+tests/compile/test_compile_compat.py check that torch still behaves that way, so a
 workaround can go when its test starts failing.
 
 Used by ``torchext.optim.ASGD``, ``torchext.amp.GradScaler`` and the apex
