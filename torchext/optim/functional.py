@@ -2,7 +2,7 @@
 
 ``asgd(...)`` mirrors ``torch.optim.asgd.asgd`` (same list arguments and
 keywords) and adds ``fused``, ``grad_scale`` and ``found_inf``. The fused path
-is one ``torch.ops.torchext.asgd_`` call per device; it is what
+is one ``torch.ops.torchext.asgd_`` call per device and t0; each is what
 ``torch.compile``/``torch.export`` see as a single op.
 
 The reference path (``reference_asgd``) is torch.optim.ASGD's for-loop
