@@ -239,8 +239,9 @@ TEST(ASGD, SplitIntoOpCallsMatchesPython) {
     SCOPED_TRACE("case " + std::to_string(c));
     const std::string pre = "case" + std::to_string(c) + "/";
     std::vector<torch::Tensor> params;
-    for (const auto d : R(ref, pre + "devices").accessor<int64_t, 1>()) {
-      params.push_back(torch::zeros({1}, torch::TensorOptions().device(devices[d])));
+    const auto on = R(ref, pre + "devices");
+    for (const auto i : c10::irange(on.numel())) {
+      params.push_back(torch::zeros({1}, torch::TensorOptions().device(devices[on[i].item<int64_t>()])));
     }
     const auto t0s_t = R(ref, pre + "t0s");
     const std::vector<double> t0s(t0s_t.data_ptr<double>(), t0s_t.data_ptr<double>() + t0s_t.numel());
