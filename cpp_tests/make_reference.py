@@ -25,6 +25,9 @@ Everything is produced by PyTorch itself at test time (nothing is committed):
   unfused_ref.pt  torchext.optim.ASGD(fused=False) (reference_asgd and
                   _create_state) over options, tensor lr, grad_scale/found_inf,
                   capturable, complex: the C++ unfused step must match bit for bit.
+  split_ref.pt    ASGD's split of a group into op calls, one per device and
+                  t0 (the slot groups Python builds), in Python's order: the
+                  C++ split (index_by_device_and_t0) must give the same.
   corrupt/        tests/checkpoint_corruptions.py's table: each corrupted
                   state dict (torch.save), the good ones, and index.txt.
 Files are torch.save'd dicts of tensors; C++ reads them with torch::pickle_load.
@@ -604,6 +607,38 @@ def corrupt_reference(out):
         f.write("\n".join(lines) + "\n")
 
 
+#: (devices, t0 per param or None): cpu and meta, the devices every machine has.
+SPLIT_CASES = [
+    (["meta", "cpu", "meta", "cpu"], None),
+    (["cpu", "meta", "cpu", "cpu", "meta"], [2.0, 2.0, 5.0, 2.0, 7.0]),
+    (["cpu", "cpu", "cpu", "cpu"], [float("inf"), 0.0, float("inf"), 0.0]),
+    (["meta", "meta", "cpu"], [3.0, 1.0, 3.0]),
+]
+SPLIT_DEVICES = ["cpu", "meta"]
+
+
+def split_reference(out):
+    from torchext.optim._state import ParamGroupSlots, StateMap, Generation
+    ref = {"num_cases": torch.tensor(len(SPLIT_CASES))}
+    for c, (devices, t0s) in enumerate(SPLIT_CASES):
+        params = [torch.nn.Parameter(torch.zeros(1, device=d)) for d in devices]
+        group = {"params": params, "fused": None, "differentiable": False, "t0": 1.0,
+                 "t0_per_param": t0s}
+        slots = ParamGroupSlots(group, StateMap(Generation()))
+        pre = f"case{c}/"
+        ref[pre + "devices"] = torch.tensor([SPLIT_DEVICES.index(d) for d in devices])
+        ref[pre + "t0s"] = torch.tensor([1.0] * len(devices) if t0s is None else t0s,
+                                        dtype=torch.float64)
+        ref[pre + "num_groups"] = torch.tensor(len(slots.slot_groups))
+        for k, sg in enumerate(slots.slot_groups):
+            ref[pre + f"group{k}/device"] = torch.tensor(SPLIT_DEVICES.index(sg.device.type))
+            ref[pre + f"group{k}/t0"] = torch.tensor(1.0 if sg.t0 is None else sg.t0,
+                                                     dtype=torch.float64)
+            ref[pre + f"group{k}/idx"] = torch.tensor(
+                [next(i for i, p in enumerate(params) if p is q) for q in sg.params])
+    torch.save(ref, os.path.join(out, "split_ref.pt"))
+
+
 def main(argv):
     out = argv[1] if len(argv) > 1 else os.path.join(os.getcwd(), "cpp_ref")
     os.makedirs(out, exist_ok=True)
@@ -612,6 +647,7 @@ def main(argv):
     scaler_reference(out)
     amp_protocol_reference(out)
     unfused_reference(out)
+    split_reference(out)
     corrupt_reference(out)
     torchscript_reference(out)
     checkpoint_reference(out)

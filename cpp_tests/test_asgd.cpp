@@ -1,6 +1,7 @@
 // torchext::optim::ASGD: parity with torch.optim.ASGD (reference data from
 // make_reference.py), param groups, closures, serialization, bad input, CUDA.
 #include "common.h"
+#include "../csrc/api/device_groups.h"
 
 #include <torchext/torchext.h>
 
@@ -211,7 +212,7 @@ TEST(ASGD, StateIsCreatedLazilyLikePython) {
 // tested by test_asgd_optimizer.py's test_fused_none_picks_fused_op_on_meta).
 // A meta param steps through the op's Meta kernel; the unfused reference
 // would read eta on the host, which meta cannot.
-TEST(ASGDFusedDefault, MetaParamsTakeTheFusedOpAsInPython) {
+TEST(ASGD, FusedDefaultMetaParamsTakeTheFusedOpAsInPython) {
   auto cpu = torch::randn({3}).requires_grad_();
   auto meta = torch::empty({3}, torch::kMeta).requires_grad_();
   cpu.mutable_grad() = torch::ones({3});
@@ -223,6 +224,39 @@ TEST(ASGDFusedDefault, MetaParamsTakeTheFusedOpAsInPython) {
   EXPECT_NO_THROW(ASGD({meta}, ASGDOptions(0.25).fused(true)).step());
   ASGD unfused({meta}, ASGDOptions(0.25).fused(false));
   EXPECT_ANY_THROW(unfused.step());
+}
+
+// ASGD's split of a group into op calls, one per device and t0, gives the
+// same groups in the same order as Python's slot groups (split_ref.pt:
+// devices in order of first appearance, then t0s in order of first
+// appearance within a device).
+TEST(ASGD, SplitIntoOpCallsMatchesPython) {
+  const auto ref = load_ref("split_ref.pt");
+  const c10::Device devices[] = {c10::Device(c10::kCPU), c10::Device(c10::kMeta)};
+  const int64_t cases = R(ref, "num_cases").item<int64_t>();
+  ASSERT_GE(cases, 4);
+  for (int64_t c = 0; c < cases; ++c) {
+    SCOPED_TRACE("case " + std::to_string(c));
+    const std::string pre = "case" + std::to_string(c) + "/";
+    std::vector<torch::Tensor> params;
+    const auto on = R(ref, pre + "devices");
+    for (const auto i : c10::irange(on.numel())) {
+      params.push_back(torch::zeros({1}, torch::TensorOptions().device(devices[on[i].item<int64_t>()])));
+    }
+    const auto t0s_t = R(ref, pre + "t0s");
+    const std::vector<double> t0s(t0s_t.data_ptr<double>(), t0s_t.data_ptr<double>() + t0s_t.numel());
+    const auto groups = torchext::api::index_by_device_and_t0(params, t0s);
+    ASSERT_EQ(static_cast<int64_t>(groups.size()), R(ref, pre + "num_groups").item<int64_t>());
+    for (const auto k : c10::irange(groups.size())) {
+      const std::string g = pre + "group" + std::to_string(k) + "/";
+      EXPECT_EQ(groups[k].device, devices[R(ref, g + "device").item<int64_t>()]) << k;
+      EXPECT_EQ(groups[k].t0, R(ref, g + "t0").item<double>()) << k;
+      const auto idx = R(ref, g + "idx");
+      EXPECT_EQ(std::vector<int64_t>(groups[k].idx.begin(), groups[k].idx.end()),
+                std::vector<int64_t>(idx.data_ptr<int64_t>(), idx.data_ptr<int64_t>() + idx.numel()))
+          << k;
+    }
+  }
 }
 
 TEST(ASGD, ParamGroupsKeepTheirOptions) {

@@ -148,7 +148,7 @@ else
 fi
 
 if [ "${GPU_CHECK_COMPILE:-0}" = 1 ]; then
-  step bench_compile "$PY" -m torchext.bench.train_step --device cuda \
+  step bench_compile "$PY" -m torchext.bench.compile --device cuda \
     --models mlp-64,mlp-256 --recipes torchext,torch-split,torchext-cudagraphs,torchext-fullgraph \
     --timeout 300 --ab-with torch-split,torchext-cudagraphs --json "$OUT/bench_compile.json"
 fi

@@ -8,7 +8,7 @@ return) and damages one thing. Every case must be refused by
 ``names`` (it names the entry), leaving the optimizer or scaler exactly as it
 was:
 
-* Python: tests/test_checkpoint_corruptions.py;
+* Python: tests/checkpoints/test_checkpoint_corruptions.py;
 * C++: cpp_tests/make_reference.py writes each corrupted dict with
   torch.save into ``corrupt/`` (and ``corrupt/index.txt``: kind, name, names),
   and cpp_tests/test_checkpoint.cpp loads each with

@@ -3,7 +3,7 @@
 A fence's info string is its language, then tags:
 
     ```python             runs on CPU; a page's fences run in order, in one
-                          namespace, in a fresh process (tests/test_docs.py)
+                          namespace, in a fresh process (tests/package/test_docs.py)
     ```python no-run      shown only (a fragment, or needs several processes)
     ```python cuda        runs, in order with the others, only where a CUDA
                           GPU and torchext's CUDA kernels are
@@ -16,7 +16,7 @@ A fence's info string is its language, then tags:
 Fences of other languages (bash, cmake, text, ...) are never run. An unknown
 tag on a python or cpp fence is an error, so a typo cannot turn a check off.
 
-Used by tests/test_docs.py, and as a script:
+Used by tests/package/test_docs.py, and as a script:
 
     python tests/docs_snippets.py run PAGE [--cuda]   # what each page test runs
     python tests/docs_snippets.py cpp-project DIR     # the C++ fences as a CMake project

@@ -8,7 +8,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchext
 
-# The checkout these tests come from (examples/, benchmarks/, scripts/, csrc/),
+# The checkout these tests come from (examples/, scripts/, csrc/),
 # and the directory that holds the torchext under test: the same checkout for
 # an in-place build, site-packages for an installed wheel (scripts/test_wheel.sh).
 SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -103,3 +103,26 @@ class NoHostSync(TorchDispatchMode):
         if func in self.BANNED:
             raise AssertionError(f"host sync: {func}")
         return func(*args, **(kwargs or {}))
+
+
+# Methods of torch.amp.GradScaler that torchext's overrides, and why. A reason
+# that starts with COMPILED_STEP means a compiled train step calls it (Dynamo
+# skips torch/amp/grad_scaler.py: tests/compile/test_compile_compat.py checks each
+# one); the others carry torchext's extensions. Everything else must be
+# torch's own function (tests/amp/test_amp_dropin.py).
+COMPILED_STEP = "compiled step"
+SCALER_OVERRIDES = {
+    "__init__": "hysteresis, clamps, allow_fp16, process_group",
+    "_check_scale_growth_tracker": "compiled step",
+    "_lazy_init_scale_growth_tracker": "compiled step; device inferred; extra trackers",
+    "scale": "compiled step",
+    "_unscale_grads_": "compiled step; torchext::unscale_, all-or-nothing",
+    "unscale_": "compiled step",
+    "step": "compiled step; fused-step protocol; no _maybe_opt_step",
+    "update": "compiled step; update(optimizer); hysteresis and clamps",
+    "_check_inf_per_device": "apex's capturable FusedAdam/FusedLAMB call it from "
+                             "step(grad_scaler=...); a read-only check (torch's unscales by 1)",
+    "state_dict": "torch's keys plus torchext's",
+    "load_state_dict": "validated whole first, then torch's",
+    "__getstate__": "torch's, plus torchext's trackers as numbers",
+}

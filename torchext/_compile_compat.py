@@ -1,6 +1,6 @@
 """Workarounds for torch.compile (Dynamo) and torch's LR schedulers, in one
 place. Each says which torch behaviour it works around; the tests in
-tests/test_compile_compat.py check that torch still behaves that way, so a
+tests/compile/test_compile_compat.py check that torch still behaves that way, so a
 workaround can go when its test starts failing.
 
 Used by ``torchext.optim.ASGD``, ``torchext.amp.GradScaler`` and the apex
@@ -83,10 +83,11 @@ def _zero_one_grad(p: torch.Tensor, set_to_none: bool) -> None:
             p.grad.zero_()
 
 
-# (4) `_gather_group` rather than torch's `_init_group`: Dynamo intercepts the
-# method named `_init_group` on optimizers and forces a graph break when the
-# same compiled function ran backward() (a "pending mutation" on the params'
-# grads), so torch's own optimizers cannot share a graph with the backward
-# pass. torchext's optimizers gather under another name (traced like any
-# Python code) and keep `_init_group` only as an alias for callers.
+# (4) Not torch's `_init_group`: Dynamo intercepts the method named
+# `_init_group` on optimizers and forces a graph break when the same compiled
+# function ran backward() (a "pending mutation" on the params' grads), so
+# torch's own optimizers cannot share a graph with the backward pass.
+# torchext's ASGD gathers under other names (`_run_step` -> `_call` ->
+# `_gather`, traced like any Python code); its `_init_group` is a separate
+# loop over the same slot groups, kept only for callers of torch's name.
 DYNAMO_INTERCEPTED_INIT = "_init_group"

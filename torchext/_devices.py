@@ -7,16 +7,18 @@ several devices (the functional ASGD, GradScaler) splits its lists with
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
-__all__ = ["KERNEL_DEVICES", "has_kernels", "indices_by_device", "pick", "one_device", "on_device"]
+__all__ = ["KERNEL_DEVICES", "has_kernels", "indices_by_device", "indices_by_device_and_key",
+           "pick", "one_device", "on_device"]
 
 #: Device types torchext's ops have kernels for (meta: the op's validation,
 #: no data). The one device rule: ASGD's ``fused=None`` default, ``fused=True``
 #: and the C++ holder follow it, and so does C++ (``fused_device`` in
-#: csrc/api/asgd.cpp; ``ASGDFusedDefault.*`` in cpp_tests ties the two).
+#: csrc/api/asgd.cpp; cpp_tests' ``ASGD.FusedDefaultMetaParamsTakeTheFusedOpAsInPython``
+#: ties the two).
 KERNEL_DEVICES = ("cpu", "cuda", "meta")
 
 T = TypeVar("T")
@@ -40,6 +42,24 @@ def indices_by_device(tensors: Iterable[torch.Tensor]) -> dict[torch.device, lis
     out: dict[torch.device, list[int]] = {}
     for i, t in enumerate(tensors):
         out.setdefault(t.device, []).append(i)
+    return out
+
+
+def indices_by_device_and_key(tensors: Iterable[torch.Tensor], keys: Sequence[Any] | None = None
+                              ) -> dict[tuple[torch.device, Any], list[int]]:
+    """Positions of ``tensors`` per (device, key): devices in order of first
+    appearance, then, within a device, keys in order of first appearance
+    (``keys`` None: one group per device, key None). ASGD's split into op
+    calls, one per device and t0 (the slot groups, ``functional.asgd``); C++
+    has the same split (``index_by_device_and_t0``, csrc/api/device_groups.h)
+    and cpp_tests ``ASGD.SplitIntoOpCallsMatchesPython`` holds them together."""
+    out: dict[tuple[torch.device, Any], list[int]] = {}
+    for device, idx in indices_by_device(tensors).items():
+        if keys is None:
+            out[(device, None)] = idx
+            continue
+        for i in idx:
+            out.setdefault((device, keys[i]), []).append(i)
     return out
 
 

@@ -411,7 +411,10 @@ void ASGD::step_impl(const torch::Tensor* grad_scale, const torch::Tensor* found
               "AveragedParameters guard is alive); step after it goes out of scope");
   at::NoGradGuard no_grad;
   // All or nothing: plan every group's op calls and run the op's validator
-  // on each, then create the missing state, then write.
+  // on each, then create the missing state, then write. A step that is one
+  // fused call is not validated first: the op validates before it writes
+  // (as Python's run_calls), and the state it was to create is dropped when
+  // it refuses.
   if (grad_scale != nullptr) {
     TORCH_CHECK_TYPE(grad_scale->scalar_type() == at::kFloat && grad_scale->numel() == 1,
                      "ASGD.step_with_amp: grad_scale must be a 1-element float32 tensor");
@@ -424,6 +427,7 @@ void ASGD::step_impl(const torch::Tensor* grad_scale, const torch::Tensor* found
     const ASGDOptions* options;
     bool fused;
     at::Tensor lr;
+    size_t index;  // in param_groups_
     std::vector<DeviceCall> calls;
   };
   std::vector<GroupPlan> plans;
@@ -459,41 +463,55 @@ void ASGD::step_impl(const torch::Tensor* grad_scale, const torch::Tensor* found
     if (all.params.empty()) continue;
     bool all_fused_devices = true;
     for (const auto& p : all.params) all_fused_devices = all_fused_devices && fused_device(p.device());
-    GroupPlan plan{&o, o.fused().value_or(all_fused_devices), lr, {}};
+    GroupPlan plan{&o, o.fused().value_or(all_fused_devices), lr, gi, {}};
     // One op call per device and t0, as Python's slot groups (the op itself
     // groups by dtype).
-    for (const auto& [device, idx] : api::index_by_device(all.params)) {
-      std::vector<std::pair<double, std::vector<size_t>>> by_t0;  // first seen first
-      for (const auto i : idx) {
-        auto slot = std::find_if(by_t0.begin(), by_t0.end(),
-                                 [&](const auto& e) { return e.first == t0s[i]; });
-        if (slot == by_t0.end()) {
-          by_t0.emplace_back(t0s[i], std::vector<size_t>{});
-          slot = by_t0.end() - 1;
-        }
-        slot->second.push_back(i);
-      }
-      for (const auto& [t0, sub] : by_t0) {
-        DeviceCall c{api::pick(all.params, sub), api::pick(all.grads, sub),
-                     api::pick(all.axs, sub),    api::pick(all.mus, sub),
-                     api::pick(all.etas, sub),   api::pick(all.steps, sub),
-                     std::nullopt,               std::nullopt,
-                     t0};
-        if (grad_scale != nullptr) c.grad_scale = grad_scale->to(device, /*non_blocking=*/true);
-        if (found_inf != nullptr) c.found_inf = found_inf->to(device, /*non_blocking=*/true);
-        try {
-          check_asgd_args(c.args(o, lr));
-        } catch (c10::Error& e) {
-          e.add_context(c10::str("ASGD.step: in param_groups[", gi, "] (its tensors on ",
-                                 device, "); nothing was changed"));
-          throw;
-        }
-        plan.calls.push_back(std::move(c));
-      }
+    for (const auto& [device, t0, sub] : api::index_by_device_and_t0(all.params, t0s)) {
+      DeviceCall c{api::pick(all.params, sub), api::pick(all.grads, sub),
+                   api::pick(all.axs, sub),    api::pick(all.mus, sub),
+                   api::pick(all.etas, sub),   api::pick(all.steps, sub),
+                   std::nullopt,               std::nullopt,
+                   t0};
+      if (grad_scale != nullptr) c.grad_scale = grad_scale->to(device, /*non_blocking=*/true);
+      if (found_inf != nullptr) c.found_inf = found_inf->to(device, /*non_blocking=*/true);
+      plan.calls.push_back(std::move(c));
     }
     plans.push_back(std::move(plan));
   }
-  for (auto& [key, st] : created) state_[key] = std::move(st);
+  const auto in_group = [](const GroupPlan& plan, const DeviceCall& c) {
+    return c10::str("ASGD.step: in param_groups[", plan.index, "] (its tensors on ",
+                    c.params.front().device(), "); nothing was changed");
+  };
+  const bool one_fused_call = plans.size() == 1 && plans[0].calls.size() == 1 && plans[0].fused;
+  if (!one_fused_call) {
+    for (const auto& plan : plans) {
+      for (const auto& c : plan.calls) {
+        try {
+          check_asgd_args(c.args(*plan.options, plan.lr));
+        } catch (c10::Error& e) {
+          e.add_context(in_group(plan, c));
+          throw;
+        }
+      }
+    }
+  }
+  std::vector<void*> created_keys;
+  for (auto& [key, st] : created) {
+    created_keys.push_back(key);
+    state_[key] = std::move(st);
+  }
+  if (one_fused_call) {
+    const auto& plan = plans[0];
+    const auto& c = plan.calls[0];
+    try {
+      c.run(*plan.options, plan.lr);
+    } catch (c10::Error& e) {  // refused before it wrote: keep no state it was to create
+      for (auto* key : created_keys) state_.erase(key);
+      e.add_context(in_group(plan, c));
+      throw;
+    }
+    return;
+  }
   for (const auto& plan : plans) {
     const auto& o = *plan.options;
     for (const auto& c : plan.calls) {

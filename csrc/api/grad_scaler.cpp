@@ -1,10 +1,8 @@
 // torchext::amp::GradScaler (LibTorch), on the torchext AMP ops called
-// through the dispatcher. Also the library-level functions of torchext.h.
+// through the dispatcher.
 #include <torchext/torchext.h>
-#include <torchext/version.h>
 
 #include "../ops/amp.h"
-#include "../ops/cpu/isa_kernels.h"
 #include "device_groups.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -18,13 +16,6 @@
 #include <cmath>
 
 namespace torchext {
-
-const char* version() { return TORCHEXT_VERSION; }
-
-bool ops_registered() {
-  return c10::Dispatcher::singleton().findSchema({"torchext::asgd_", ""}).has_value();
-}
-
 namespace amp {
 namespace {
 

@@ -1,7 +1,7 @@
 // Keeps the library loadable on glibc 2.28, the oldest glibc torch's own
 // wheels support (manylinux_2_28), though it is built against a newer one.
 // Only two symbols of this machine's glibc are newer than 2.28 (checked by
-// tests/test_wheel.py and scripts/build_wheels.sh):
+// tests/package/test_wheel.py and scripts/build_wheels.sh):
 //
 // - pow@GLIBC_2.29: glibc 2.29 gave pow (with exp, log...) a new symbol
 //   version, dropping the SVID error wrapper; the results are the same

@@ -191,13 +191,16 @@ void check_asgd_entry(const ASGDArgs& a, size_t i, const c10::Device& device,
                    a.etas[i].scalar_type(), ", ", a.steps[i].scalar_type());
 }
 
-void check_asgd_args(const ASGDArgs& a) {
+std::optional<ASGDCall> check_asgd_call(const ASGDArgs& a) {
   const auto call = check_asgd_header(a);
-  if (!call) return;
+  if (!call) return call;
   for (size_t i = 0; i < a.params.size(); ++i) {
     prefetch_asgd_ahead(a, i);
     check_asgd_entry(a, i, call->device, call->state_dtype);
   }
+  return call;
 }
+
+void check_asgd_args(const ASGDArgs& a) { check_asgd_call(a); }
 
 }  // namespace torchext

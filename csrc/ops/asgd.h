@@ -54,5 +54,7 @@ std::optional<ASGDCall> check_asgd_header(const ASGDArgs& a);
 // device and state dtype.
 void check_asgd_entry(const ASGDArgs& a, size_t i, const c10::Device& device,
                       at::ScalarType state_dtype);
+// check_asgd_args, returning what check_asgd_header returned.
+std::optional<ASGDCall> check_asgd_call(const ASGDArgs& a);
 
 }  // namespace torchext

@@ -13,7 +13,7 @@
 // nothing). `-> *` says the list's elements may alias anything after the
 // call, which makes the write one to the wildcard set that DCE must keep.
 // (AliasAnalysisKind::CONSERVATIVE would also keep it, but TorchScript
-// refuses it for a schema with alias annotations.) tests/test_torchscript.py
+// refuses it for a schema with alias annotations.) tests/compile/test_torchscript.py
 // checks every op with a mutated list.
 #include "asgd_schema.h"
 

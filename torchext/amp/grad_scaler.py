@@ -246,7 +246,11 @@ class GradScaler(torch.amp.GradScaler):
         return found_per_device
 
     def _check_inf_per_device(self, optimizer) -> dict[torch.device, Tensor]:
-        # torch's name: checks and records the result for `optimizer`.
+        # torch's private method, called by no code of torchext's (our step
+        # checks through _check_inf_grads): apex's FusedAdam/FusedLAMB with
+        # capturable=True call it from step(grad_scaler=...), the keyword this
+        # scaler still passes (_fused_step). Checks and records the result for
+        # `optimizer`, read-only (torch's unscales the grads by 1 in place).
         self._check_scale_growth_tracker("_check_inf_per_device")
         found_per_device = self._check_inf_grads(optimizer)
         self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = found_per_device

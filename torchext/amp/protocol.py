@@ -46,7 +46,6 @@ csrc/include/torchext/amp/fused_step.h).
 """
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
@@ -57,27 +56,11 @@ __all__ = ["STEP", "CHECK", "takes_grad_scale", "must_not_sync", "fused_check"]
 #: The protocol's names (single underscore, as torch's own
 #: ``_step_supports_amp_scaling``).
 STEP, CHECK = "_torchext_amp_step", "_torchext_amp_check"
-#: Their first spelling, dunder names (which Python reserves for itself):
-#: still honoured, with a DeprecationWarning, until torchext 0.2.
-OLD_NAMES = {STEP: "__torchext_amp_step__", CHECK: "__torchext_amp_check__"}
-
-
-def _protocol_attr(optimizer: Any, name: str, default: Any) -> Any:
-    value = getattr(optimizer, name, None)
-    if value is not None:
-        return value
-    value = getattr(optimizer, OLD_NAMES[name], None)
-    if value is None:
-        return default
-    warnings.warn(f"{type(optimizer).__name__}.{OLD_NAMES[name]} is torchext's old name for "
-                  f"{name}; rename it (the old name goes in torchext 0.2)", DeprecationWarning,
-                  stacklevel=3)
-    return value
 
 
 def takes_grad_scale(optimizer: Any) -> bool:
     """Whether ``optimizer.step()`` honours ``grad_scale``/``found_inf``."""
-    return bool(_protocol_attr(optimizer, STEP, False)
+    return bool(getattr(optimizer, STEP, False)
                 or getattr(optimizer, "_step_supports_amp_scaling", False))
 
 
@@ -94,5 +77,5 @@ def must_not_sync(optimizer: Any) -> bool:
 
 def fused_check(optimizer: Any) -> dict[torch.device, Tensor] | None:
     """The optimizer's own read-only check, when it has one."""
-    check = _protocol_attr(optimizer, CHECK, None)
+    check = getattr(optimizer, CHECK, None)
     return None if check is None else check()

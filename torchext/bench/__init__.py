@@ -1,5 +1,5 @@
-"""torchext's ratio benchmarks (``python -m torchext bench``, and the thin
-``benchmarks/bench_*.py`` scripts). Each benchmark module has ``NAME``,
+"""torchext's ratio benchmarks (``python -m torchext bench``). Each benchmark
+module has ``NAME``,
 ``cases(env)`` (case names), ``run_case(env, name)`` (a :class:`Result`) and
 ``report(env, results)`` (its table).
 
@@ -25,10 +25,10 @@ import torch
 
 import torchext
 
-from . import amp, asgd, train_step
+from . import amp, asgd, compile
 from .common import Env, Result, bandwidth
 
-BENCHMARKS = {m.NAME: m for m in (asgd, amp, train_step)}
+BENCHMARKS = {m.NAME: m for m in (asgd, amp, compile)}
 SCHEMA_VERSION = 1
 
 
@@ -85,16 +85,4 @@ def to_json(runs, quick):
     }
 
 
-def script_main(name, argv=None):
-    """Entry point of benchmarks/bench_<name>.py: one benchmark, its table."""
-    import argparse
-    ap = argparse.ArgumentParser(description=BENCHMARKS[name].__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--quick", action="store_true", help="smaller and fewer runs (smoke test)")
-    args = ap.parse_args(argv)
-    env, results = run(args.device, [name], args.quick)
-    print(reports(env, results))
-
-
-__all__ = ["BENCHMARKS", "Env", "Result", "SCHEMA_VERSION", "run", "reports", "to_json",
-           "script_main"]
+__all__ = ["BENCHMARKS", "Env", "Result", "SCHEMA_VERSION", "run", "reports", "to_json"]

@@ -1,7 +1,9 @@
 """ASGD step: torchext (fused op) vs torch.optim.ASGD (foreach and for-loop),
 vs torch's fused SGD with momentum (same 20 B/element traffic), and vs the
 memory-bandwidth bound measured in the same run (the better of a large copy_
-and a large in-place add_, see common.py)."""
+and a large in-place add_, see common.py). Also timed in the same rounds: a
+torchext GradScaler iteration (``scale``, ``step``, ``update``) around the
+same step, whose per-tensor cost cases (e) and (f) show."""
 import torch
 
 import torchext
@@ -22,7 +24,7 @@ CASES = {
     "(f) 1000 x 1000 fp32": (1000, 1_000, torch.float32),
 }
 
-SETUPS = ("torchext", "torch foreach", "torch for-loop", "fused SGD")
+SETUPS = ("torchext", "torch foreach", "torch for-loop", "fused SGD", "torchext + GradScaler")
 
 
 def _stepper(env, factory, n, size, dtype):
@@ -30,6 +32,21 @@ def _stepper(env, factory, n, size, dtype):
     opt = factory(params)
     opt.step()  # state created outside the timing
     return opt.step
+
+
+def _scaler_iteration(env, factory, n, size, dtype):
+    # The scale is 1.0 with a huge growth interval: the same iteration every time.
+    opt = factory(make_params(n, size, dtype, env.device))
+    scaler = torchext.amp.GradScaler(init_scale=1.0, growth_interval=10**9)
+    loss = torch.ones((), device=env.device)
+
+    def iteration():
+        scaler.scale(loss)
+        scaler.step(opt)
+        scaler.update()
+
+    iteration()  # state and scale created outside the timing
+    return iteration
 
 
 def run_case(env, name):
@@ -44,8 +61,9 @@ def run_case(env, name):
         "fused SGD": lambda p: torch.optim.SGD(p, lr=1e-3, momentum=0.9, fused=True),
     }
     # Timed in turns, one step of each setup per round (see timeit_interleaved).
-    seconds = env.time_interleaved({k: _stepper(env, f, n, size, dtype)
-                                    for k, f in factories.items()})
+    fns = {k: _stepper(env, f, n, size, dtype) for k, f in factories.items()}
+    fns["torchext + GradScaler"] = _scaler_iteration(env, factories["torchext"], n, size, dtype)
+    seconds = env.time_interleaved(fns)
     elem_bytes = torch.empty((), dtype=dtype).element_size()
     moved = 5 * elem_bytes * n * size  # read p, g, ax; write p, ax
     return Result.from_seconds(NAME, name, seconds, bytes_moved=moved, env=env,
@@ -59,14 +77,16 @@ def cases(env):
 def report(env, results):
     rows = [[r.case, f"{r.ms['torchext']:.2f}",
              f"{r.ms['torchext'] * 1e3 / r.extra['tensors']:.2f}",
+             f"{r.ms['torchext + GradScaler'] * 1e3 / r.extra['tensors']:.2f}",
              f"{r.speedup['torch foreach']:.2f}x", f"{r.speedup['torch for-loop']:.2f}x",
              f"{r.ms['fused SGD']:.2f}", f"{r.speedup['fused SGD']:.2f}x",
              f"{r.bandwidth_fraction * 100:.0f}%"]
             for r in results]
     return "\n".join([
         env.header(),
-        table(["shape", "torchext ms", "us/tensor", "vs torch foreach", "vs torch for-loop",
-               "fused SGD ms", "vs fused SGD", "of bandwidth bound"], rows),
-        "ratios > 1x: torchext is faster; each time is a whole opt.step(). Bandwidth: 5 x "
-        "element size x numel moved per step.",
+        table(["shape", "torchext ms", "us/tensor", "us/tensor with GradScaler",
+               "vs torch foreach", "vs torch for-loop", "fused SGD ms", "vs fused SGD",
+               "of bandwidth bound"], rows),
+        "ratios > 1x: torchext is faster; each time is a whole opt.step() (with GradScaler: "
+        "scale + step + update). Bandwidth: 5 x element size x numel moved per step.",
     ])

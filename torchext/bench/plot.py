@@ -15,7 +15,9 @@ def plot(doc, path):
     for (ax_speed, ax_bw), run in zip(axes, runs):
         results = run["results"]
         labels = [f"{r['benchmark']}: {r['case']}" for r in results]
-        baselines = list(dict.fromkeys(k for r in results for k in r["speedup"]))
+        # (torchext's own other setups, e.g. "torchext + GradScaler", are not baselines)
+        baselines = list(dict.fromkeys(k for r in results for k in r["speedup"]
+                                       if not k.startswith("torchext")))
         width = 0.8 / max(len(baselines), 1)
         for j, base in enumerate(baselines):
             xs = [i + (j - (len(baselines) - 1) / 2) * width for i, r in enumerate(results)
@@ -41,7 +43,7 @@ def plot(doc, path):
 
 
 def plot_compile(results, path, title=""):
-    """The compiled-training matrix (torchext/bench/train_step.py): per model,
+    """The compiled-training matrix (torchext/bench/compile.py): per model,
     the time to steady state of each recipe (log scale), and torchext's
     speed-up per step over each recipe it was timed with in one process.
     results: Result dicts."""

@@ -36,10 +36,10 @@ import torch
 from torch import Tensor
 
 from .. import _devices
-from . import _dtensor
+from . import _dtensor, _op
 from .functional import use_fused
 
-__all__ = ["Generation", "ParamState", "StateMap", "ParamList", "SlotGroup", "GroupSlots",
+__all__ = ["Generation", "ParamState", "StateMap", "ParamList", "SlotGroup", "ParamGroupSlots",
            "scalar_dtype"]
 
 SCALAR_KEYS = ("step", "eta", "mu")
@@ -146,7 +146,7 @@ class SlotGroup:
     """The params of one param group on one device with one t0: what one op
     call steps. ``axs[i]`` is None while ``params[i]`` has no state."""
     __slots__ = ("device", "t0", "params", "axs", "mus", "etas", "steps", "views", "native",
-                 "plain")
+                 "plain", "_args_key", "_args")
 
     def __init__(self, device: torch.device, t0: float, params: list[Tensor]) -> None:
         self.device = device
@@ -155,6 +155,8 @@ class SlotGroup:
         self.axs: list[Tensor | None] = [None] * len(params)
         self.native = None
         self.plain = all(type(p) in _PLAIN for p in params)
+        self._args_key = None
+        self._args = None
 
     def pack(self, states: list[ParamState | None]) -> None:
         """Packs the existing states' step/eta/mu into new 1-D tensors and
@@ -195,6 +197,22 @@ class SlotGroup:
                 [self.axs[i] for i in idx], [views["mu"][i] for i in idx],
                 [views["eta"][i] for i in idx], [views["step"][i] for i in idx]]
 
+    def holder_args(self, group: dict[str, Any]) -> tuple[Tensor, list[float]]:
+        """The holder's lr tensor and hyperparameter list (schema order, this
+        slot group's t0), made again only when one of the group's values
+        changed since the last step (an LR scheduler writes ``group["lr"]``
+        between steps). A tensor lr is passed as it is, so its in-place
+        changes need nothing here."""
+        lr = group["lr"]
+        key = (("tensor", id(lr)) if isinstance(lr, Tensor) else float(lr),
+               *[group[name] for name in _op.HYPER])
+        if key != self._args_key:
+            t0 = group["t0"] if self.t0 is None else self.t0
+            # (lr kept in the tuple: its id in the key stays its own)
+            self._args = (_op.lr_tensor(lr), _op.hyper_list(_op.hyper_of(group, t0=t0)), lr)
+            self._args_key = key
+        return self._args[:2]
+
     def holder(self):
         """The C++ holder of this slot group's lists (made at first use)."""
         if self.native is None:
@@ -234,12 +252,12 @@ def _as_scalar(v: Any, dtype: torch.dtype, device: torch.device) -> Tensor:
     return torch.tensor(float(v), dtype=dtype, device=device)
 
 
-class GroupSlots:
+class ParamGroupSlots:
     """One param group's slot groups, and what they were built from (the
     group, its params list and the flags that decide the route): compared
     at every step in O(1); any difference rebuilds them."""
     __slots__ = ("group", "params_list", "fused_flag", "differentiable", "t0_per_param", "fused",
-                 "slot_groups", "on_meta")
+                 "slot_groups", "on_meta", "native_ok")
 
     def __init__(self, group: dict[str, Any], state: StateMap) -> None:
         self.group = group
@@ -253,10 +271,8 @@ class GroupSlots:
         if t0s is not None and len(t0s) != len(params):
             raise ValueError(f"ASGD: the group's t0_per_param has {len(t0s)} values but the "
                              f"group has {len(params)} params")
-        keys: dict[tuple[torch.device, float | None], list[int]] = {}
-        for i, p in enumerate(params):
-            t0 = None if t0s is None else float(t0s[i])
-            keys.setdefault((_dtensor.to_local(p).device, t0), []).append(i)
+        keys = _devices.indices_by_device_and_key(
+            (_dtensor.to_local(p) for p in params), None if t0s is None else [float(t) for t in t0s])
         self.slot_groups = []
         for (device, t0), idx in keys.items():
             sg = SlotGroup(device, t0, [params[i] for i in idx])
@@ -264,17 +280,15 @@ class GroupSlots:
             self.slot_groups.append(sg)
         # Meta grads hold no values: the scaler's inf check cannot use them.
         self.on_meta = any(sg.device.type == "meta" for sg in self.slot_groups)
+        # Whether eager steps may go through the C++ holders.
+        self.native_ok = self.fused and all(sg.plain and _devices.has_kernels(sg.device)
+                                            for sg in self.slot_groups)
 
     def fresh(self, group: dict[str, Any]) -> bool:
         return (self.group is group and group["params"] is self.params_list
                 and group["fused"] == self.fused_flag
                 and group["differentiable"] == self.differentiable
                 and group.get("t0_per_param") is self.t0_per_param)
-
-    def native_ok(self) -> bool:
-        """Whether eager steps may go through the C++ holders."""
-        return self.fused and all(sg.plain and _devices.has_kernels(sg.device)
-                                  for sg in self.slot_groups)
 
 
 def _state_of(state: StateMap, p: Tensor) -> ParamState | None:

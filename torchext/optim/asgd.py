@@ -15,7 +15,7 @@ from .._compile_compat import GroupsAlias, mark_step_not_wrapped, param_groups
 from . import _checkpoint, _dtensor, _op
 from . import averaging as _averaging
 from . import functional as F
-from ._state import SCALAR_KEYS, Generation, GroupSlots, ParamState, own_containers
+from ._state import SCALAR_KEYS, Generation, ParamGroupSlots, ParamState, own_containers
 
 __all__ = ["ASGD"]
 
@@ -86,9 +86,12 @@ class ASGD(GroupsAlias, Optimizer):
       schedule drifts).
     * fp16/bf16 parameters are updated in float32 and rounded once.
     * The optimizer owns its state tensors (``torchext/optim/_state.py``):
-      assigning ``opt.state[p]["step"] = x`` writes ``x`` into the tensor
-      held; ``step``/``eta``/``mu`` are 0-d views of one packed tensor per
-      group and device.
+      ``step``/``eta``/``mu`` are 0-d views of one packed tensor per group,
+      device and t0. In-place writes (``opt.state[p]["step"].fill_(x)``) go
+      to the packed tensor; assigning ``opt.state[p]["step"] = x`` is a
+      structural change: the values are repacked before the next step, and
+      a reference to a state tensor taken before it is a stale copy from
+      then on (docs/optimizer.md).
     """
 
     def __init__(
@@ -147,12 +150,15 @@ class ASGD(GroupsAlias, Optimizer):
         gathers the grads itself."""
         if torch.compiler.is_compiling():
             return None
+        # The step that follows asks _slots() again: O(1) per group, and not
+        # reusable from here, since step pre-hooks run in between and may
+        # change the groups.
         slots = self._slots()
-        if not all(gs.native_ok() and not gs.on_meta for gs in slots):
+        if not all(pgs.native_ok and not pgs.on_meta for pgs in slots):
             return None
         found: dict[torch.device, Tensor] = {}
-        for gs in slots:
-            for sg in gs.slot_groups:
+        for pgs in slots:
+            for sg in pgs.slot_groups:
                 f = found.get(sg.device)
                 if f is None:
                     f = found[sg.device] = torch.zeros((), dtype=torch.float32, device=sg.device)
@@ -200,29 +206,30 @@ class ASGD(GroupsAlias, Optimizer):
         first writes). State created for params stepped for the first time is
         recorded in ``created``."""
         calls = []
-        for gs in self._slots():
-            for sg in gs.slot_groups:
-                call = self._call(gs, sg, eager, grad_scale, found_inf, created)
+        for pgs in self._slots():
+            for sg in pgs.slot_groups:
+                call = self._call(pgs, sg, eager, grad_scale, found_inf, created)
                 if call is not None:
                     calls.append(call)
         F.run_calls(calls)
 
-    def _call(self, gs, sg, eager: bool, grad_scale, found_inf, created):
+    def _call(self, pgs, sg, eager: bool, grad_scale, found_inf, created):
         """A slot group's op call: through its C++ holder (eager, fused,
         plain tensors: no list from Python), else from its gathered lists
         (None when no param has a grad)."""
-        group = gs.group
+        group = pgs.group
         lr = group["lr"]
-        hyper = _op.hyper_of(group, t0=group["t0"] if sg.t0 is None else sg.t0)
-        if eager and gs.native_ok():
-            return F.HolderCall(sg.holder(), lr, hyper,
+        if eager and pgs.native_ok:
+            lr_t, hyper = sg.holder_args(group)
+            return F.HolderCall(sg.holder(), lr_t, hyper,
                                 _devices.on_device(grad_scale, sg.device),
                                 _devices.on_device(found_inf, sg.device),
                                 make_state=lambda idx: self._create_state(sg, idx, lr, created))
-        lists = self._gather(sg, lr, created, gs.fused)
+        lists = self._gather(sg, lr, created, pgs.fused)
         if lists is None:
             return None
-        return F.list_call(lists, gs.fused, lr, hyper, group["capturable"], grad_scale, found_inf)
+        hyper = _op.hyper_of(group, t0=group["t0"] if sg.t0 is None else sg.t0)
+        return F.list_call(lists, pgs.fused, lr, hyper, group["capturable"], grad_scale, found_inf)
 
     def _with_grads(self, sg, lr, created) -> list[int]:
         """Positions of sg's params that have a grad, their state created
@@ -284,29 +291,29 @@ class ASGD(GroupsAlias, Optimizer):
             if sg.native is not None:
                 sg.native.set_ax(i, None)
 
-    def _slots(self) -> list[GroupSlots]:
+    def _slots(self) -> list[ParamGroupSlots]:
         """Every group's slot groups, rebuilt where the group or the state
         changed structurally since they were built (O(1) per group)."""
         groups = param_groups(self)
         cache = self._slot_cache
         if (cache is None or cache[0] != self._gen.n or cache[1] is not self.state
                 or len(cache[2]) != len(groups)):
-            built = [GroupSlots(g, self.state) for g in groups]
+            built = [ParamGroupSlots(g, self.state) for g in groups]
             self._slot_cache = (self._gen.n, self.state, built)
             return built
         slots = cache[2]
-        for k, (gs, group) in enumerate(zip(slots, groups)):
-            if not gs.fresh(group):
-                slots[k] = GroupSlots(group, self.state)
+        for k, (pgs, group) in enumerate(zip(slots, groups)):
+            if not pgs.fresh(group):
+                slots[k] = ParamGroupSlots(group, self.state)
         return slots
 
     # torch.optim.ASGD's name for gathering a group, for code that calls it
     # (see _compile_compat (4) for why step() does not use this name).
     def _init_group(self, group, params, grads, mus, axs, etas, state_steps) -> bool:
-        for gs in self._slots():
-            if gs.group is not group:
+        for pgs in self._slots():
+            if pgs.group is not group:
                 continue
-            for sg in gs.slot_groups:
+            for sg in pgs.slot_groups:
                 lists = sg.lists(self._with_grads(sg, group["lr"], []))
                 for out, xs in zip((params, grads, axs, mus, etas, state_steps), lists):
                     out.extend(xs)

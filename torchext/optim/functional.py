@@ -2,7 +2,7 @@
 
 ``asgd(...)`` mirrors ``torch.optim.asgd.asgd`` (same list arguments and
 keywords) and adds ``fused``, ``grad_scale`` and ``found_inf``. The fused path
-is one ``torch.ops.torchext.asgd_`` call per device; it is what
+is one ``torch.ops.torchext.asgd_`` call per device and t0; each is what
 ``torch.compile``/``torch.export`` see as a single op.
 
 The reference path (``reference_asgd``) is torch.optim.ASGD's for-loop
@@ -17,7 +17,7 @@ from torch import Tensor
 from .. import _devices
 from . import _dtensor, _op
 
-__all__ = ["asgd", "fused_supported", "use_fused", "reference_asgd", "FusedCall",
+__all__ = ["asgd", "fused_supported", "use_fused", "reference_asgd", "ListCall", "FusedCall",
            "ReferenceCall", "HolderCall", "list_call", "run_calls"]
 
 
@@ -51,16 +51,21 @@ def use_fused(params: list[Tensor], fused: bool | None, differentiable: bool) ->
 # step all or nothing.
 
 
-class FusedCall:
-    """One ``asgd_`` op call over lists [params, grads, axs, mus, etas,
-    steps] (the last three 0-d tensors, or packed 1-D tensors); the op
-    validates everything before it writes."""
+class ListCall:
+    """What a call over lists [params, grads, axs, mus, etas, steps] holds:
+    the lists, lr, the hyperparameters and grad_scale/found_inf."""
     __slots__ = ("lists", "lr", "hyper", "grad_scale", "found_inf")
-    atomic = True
 
     def __init__(self, lists, lr, hyper, grad_scale, found_inf) -> None:
         self.lists, self.lr, self.hyper = lists, lr, hyper
         self.grad_scale, self.found_inf = grad_scale, found_inf
+
+
+class FusedCall(ListCall):
+    """One ``asgd_`` op call over the lists (step/eta/mu as 0-d tensors, or
+    packed 1-D tensors); the op validates everything before it writes."""
+    __slots__ = ()
+    atomic = True
 
     def validate(self) -> None:
         _op.validate(self.lists, self.lr, self.hyper, self.grad_scale, self.found_inf)
@@ -69,7 +74,7 @@ class FusedCall:
         _op.call(self.lists, self.lr, self.hyper, self.grad_scale, self.found_inf)
 
 
-class ReferenceCall(FusedCall):
+class ReferenceCall(ListCall):
     """torch.optim.ASGD's for-loop (``reference_asgd``): writes tensor by
     tensor, so it is validated first, by the op's own rules, even alone."""
     __slots__ = ("capturable",)
@@ -80,7 +85,7 @@ class ReferenceCall(FusedCall):
         self.capturable = capturable
 
     def validate(self) -> None:
-        if torch.compiler.is_compiling():  # see FusedCall: the Meta kernels check
+        if torch.compiler.is_compiling():  # as _op.validate: the Meta kernels check
             return
         _op.validate(list(_dtensor.to_local_lists(*self.lists)), self.lr, self.hyper,
                      self.grad_scale, self.found_inf)
@@ -93,15 +98,18 @@ class ReferenceCall(FusedCall):
 class HolderCall:
     """The fused op over a slot group's lists held in C++ (an eager-mode
     optimisation of ``FusedCall``: no list passes from Python; the holder
-    reads each param's .grad). ``make_state(indices)`` is called for params
-    that have a grad but no state yet, before anything is validated or
-    written."""
+    reads each param's .grad). ``lr`` is the op's lr tensor and ``hyper``
+    the hyperparameters as a list in schema order (``_op.lr_tensor``,
+    ``_op.hyper_list``; the slot group keeps them between steps).
+    ``make_state(indices)`` is called for params that have a grad but no
+    state yet, before anything is validated or written."""
     __slots__ = ("holder", "args", "make_state")
     atomic = True
 
-    def __init__(self, holder, lr, hyper, grad_scale, found_inf, make_state) -> None:
+    def __init__(self, holder, lr: Tensor, hyper: list[float], grad_scale, found_inf,
+                 make_state) -> None:
         self.holder = holder
-        self.args = (_op.lr_tensor(lr), _op.hyper_list(hyper), grad_scale, found_inf)
+        self.args = (lr, hyper, grad_scale, found_inf)
         self.make_state = make_state
 
     def _run(self, validate_only: bool) -> None:
@@ -121,10 +129,10 @@ def list_call(lists, fused: bool, lr, hyper, capturable: bool, grad_scale, found
     """The call for lists on one device with one t0: the fused op, or
     torch's for-loop. grad_scale/found_inf are moved to that device."""
     device = _dtensor.to_local(lists[0][0]).device
-    gs, fi = _devices.on_device(grad_scale, device), _devices.on_device(found_inf, device)
+    scale, inf = _devices.on_device(grad_scale, device), _devices.on_device(found_inf, device)
     if fused:
-        return FusedCall(lists, lr, hyper, gs, fi)
-    return ReferenceCall(lists, lr, hyper, gs, fi, capturable)
+        return FusedCall(lists, lr, hyper, scale, inf)
+    return ReferenceCall(lists, lr, hyper, scale, inf, capturable)
 
 
 def run_calls(calls) -> None:
@@ -184,18 +192,15 @@ def asgd(
     lists = [params, grads, axs, mus, etas, state_steps]
     hyper = dict(lambd=lambd, alpha=alpha, weight_decay=weight_decay, maximize=maximize)
     fused = use_fused(params, fused, differentiable)
-    per_param = isinstance(t0, (list, tuple))
+    t0s = [float(t) for t in t0] if isinstance(t0, (list, tuple)) else None
     calls = []
-    for idx in _devices.indices_by_device(_dtensor.to_local(p) for p in params).values():
-        by_t0: dict[float, list[int]] = {}
-        for i in idx:
-            by_t0.setdefault(float(t0[i]) if per_param else float(t0), []).append(i)
-        for t, sub_idx in by_t0.items():
-            sub = [_devices.pick(xs, sub_idx) for xs in lists]
-            if fused:
-                sub = [list(x) for x in _dtensor.to_local_lists(*sub)]
-            calls.append(list_call(sub, fused, lr, _op.hyper_of(hyper, t0=t), capturable,
-                                   grad_scale, found_inf))
+    for (_, t), idx in _devices.indices_by_device_and_key(
+            (_dtensor.to_local(p) for p in params), t0s).items():
+        sub = [_devices.pick(xs, idx) for xs in lists]
+        if fused:
+            sub = [list(x) for x in _dtensor.to_local_lists(*sub)]
+        calls.append(list_call(sub, fused, lr, _op.hyper_of(hyper, t0=float(t0) if t is None else t),
+                               capturable, grad_scale, found_inf))
     run_calls(calls)
 
 

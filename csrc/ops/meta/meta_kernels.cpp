@@ -25,6 +25,10 @@ void unscale_meta(at::TensorList tensors, const at::Tensor& found_inf,
   check_unscale_args(tensors, found_inf, inv_scale);
 }
 
+void swap_meta(at::TensorList tensors, at::TensorList others) {
+  check_swap_args(tensors, others);
+}
+
 void update_scale_meta(const at::Tensor& scale, const at::Tensor& growth_tracker,
                        const at::Tensor& hysteresis_tracker, const at::Tensor& found_inf,
                        double growth_factor, double backoff_factor, int64_t growth_interval,
@@ -52,8 +56,7 @@ void no_kernel_for_device(at::TensorList tensors, Args... args) {
 }
 
 void no_asgd_kernel_for_device(const ASGDArgs& a) {
-  check_asgd_args(a);
-  const auto call = check_asgd_header(a);
+  const auto call = check_asgd_call(a);
   TORCH_CHECK(!call, "torchext has no kernel for device ", call->device,
               "; its ops run on CPU and CUDA (and Meta for tracing)");
 }
@@ -65,6 +68,7 @@ TORCH_LIBRARY_IMPL(torchext, Meta, m) {
   m.impl("check_finite_", &check_finite_meta);
   m.impl("unscale_", &unscale_meta);
   m.impl("update_scale_", &update_scale_meta);
+  m.impl("swap_", &swap_meta);
 }
 
 #define TORCHEXT_REGISTER_SPARSE_REJECTS(m)                                             \
@@ -72,7 +76,8 @@ TORCH_LIBRARY_IMPL(torchext, Meta, m) {
   m.impl("check_finite_",                                                               \
          &reject_sparse<&check_finite_meta, at::TensorList, const at::Tensor&>);       \
   m.impl("unscale_",                                                                    \
-         &reject_sparse<&unscale_meta, at::TensorList, const at::Tensor&, const at::Tensor&>);
+         &reject_sparse<&unscale_meta, at::TensorList, const at::Tensor&, const at::Tensor&>); \
+  m.impl("swap_", &reject_sparse<&swap_meta, at::TensorList, at::TensorList>);
 
 TORCH_LIBRARY_IMPL(torchext, SparseCPU, m) {
   TORCHEXT_REGISTER_SPARSE_REJECTS(m)
@@ -86,28 +91,6 @@ TORCH_LIBRARY_IMPL(torchext, CompositeExplicitAutograd, m) {
   m.impl("check_finite_", &no_kernel_for_device<&check_finite_meta, const at::Tensor&>);
   m.impl("unscale_",
          &no_kernel_for_device<&unscale_meta, const at::Tensor&, const at::Tensor&>);
-}
-
-}  // namespace torchext
-
-// swap_: the same validation-only kernels as the ops above.
-namespace torchext {
-namespace {
-
-void swap_meta(at::TensorList tensors, at::TensorList others) {
-  check_swap_args(tensors, others);
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(torchext, Meta, m) { m.impl("swap_", &swap_meta); }
-TORCH_LIBRARY_IMPL(torchext, SparseCPU, m) {
-  m.impl("swap_", &reject_sparse<&swap_meta, at::TensorList, at::TensorList>);
-}
-TORCH_LIBRARY_IMPL(torchext, SparseCUDA, m) {
-  m.impl("swap_", &reject_sparse<&swap_meta, at::TensorList, at::TensorList>);
-}
-TORCH_LIBRARY_IMPL(torchext, CompositeExplicitAutograd, m) {
   m.impl("swap_", &no_kernel_for_device<&swap_meta, at::TensorList>);
 }
 

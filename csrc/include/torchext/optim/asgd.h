@@ -59,7 +59,8 @@ struct TORCHEXT_API ASGDOptions
   // the device (amp_step_must_not_sync(), step_with_amp is always called);
   // otherwise an overflowed step is one the scaler does not call.
   TORCH_ARG(bool, capturable) = false;
-  // nullopt: fused whenever every parameter is on CPU or CUDA (default).
+  // nullopt: fused whenever every parameter is on a device with kernels:
+  // CPU, CUDA or meta (default; the rule is Python's KERNEL_DEVICES).
   // true: always the fused op (error on other devices). false: a pure
   // tensor-op path (same math, any device), mainly for testing.
   TORCH_ARG(std::optional<bool>, fused) = std::nullopt;

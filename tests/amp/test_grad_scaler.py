@@ -13,9 +13,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchext
 from torchext.amp import GradScaler
-from helpers import NoHostSync, data, rel_err, small_model, twin
+from helpers import SRC, NoHostSync, data, rel_err, small_model, twin
 
-EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
+EXAMPLES = os.path.join(SRC, "examples")
 KW = dict(init_scale=2.0**10, growth_interval=5)
 INF_STEPS = {3: float("inf"), 4: float("nan"), 11: float("-inf"), 12: float("inf"),
              13: float("nan"), 30: float("inf")}

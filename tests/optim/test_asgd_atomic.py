@@ -296,7 +296,7 @@ def test_plan_notices_group_flags():
 
 def holders(opt):
     """The C++ holders of the optimizer's slot groups (None where none was made)."""
-    return [sg.native for gs in opt._slots() for sg in gs.slot_groups]
+    return [sg.native for pgs in opt._slots() for sg in pgs.slot_groups]
 
 
 def test_single_group_steps_through_the_cpp_holder_and_leaves_params_without_grads_alone():

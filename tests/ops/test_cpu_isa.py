@@ -22,7 +22,7 @@ _HOST = torch.backends.cpu.get_cpu_capability().lower()
 _RUNNABLE = _ORDER[: _ORDER.index(_HOST) + 1] if _HOST in _ORDER else ["default"]
 # The tests that run the CPU kernels' math: ASGD parity with torch, and the
 # unscale / inf-check / fused-unscale kernels.
-_SUITES = [os.path.join(SRC, "tests", f) for f in ("test_asgd_parity.py", "test_ops.py")]
+_SUITES = [os.path.join(SRC, "tests", f) for f in ("optim/test_asgd_parity.py", "ops/test_ops.py")]
 _OPS_FILTER = "unscale or check_finite or grad_scale or mixed or found_inf or matches_torch"
 
 

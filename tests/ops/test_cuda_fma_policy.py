@@ -24,9 +24,9 @@ import subprocess
 import pytest
 import torch
 
-from helpers import needs_toolchain
+from helpers import SRC, needs_toolchain
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = SRC
 
 
 def _nvcc():

@@ -10,7 +10,7 @@ import torch
 
 import torchext
 from torchext.amp import GradScaler
-from helpers import data, small_model
+from helpers import SCALER_OVERRIDES, data, small_model
 
 KW = dict(init_scale=2.0**10, growth_interval=3)
 TORCH_OPTSTATE = torch.amp.grad_scaler.OptState
@@ -65,6 +65,43 @@ def test_grad_scaler_keyword_as_torch():
         runs.append((out, scales, [p.detach().clone() for p in model.parameters()]))
     (o1, s1, p1), (o2, s2, p2) = runs
     assert o1 == o2 and "skipped" in o1 and s1 == s2
+    assert all(torch.equal(a, b) for a, b in zip(p1, p2))
+
+
+class ApexStyleSGD(torch.optim.SGD):
+    """The contract of apex's FusedAdam(capturable=True): step(grad_scaler=...)
+    reads the scaler's private ``_check_inf_per_device`` and
+    ``_get_scale_async`` and skips by itself."""
+    _step_supports_amp_scaling = True
+
+    def step(self, closure=None, grad_scaler=None):
+        found = grad_scaler._check_inf_per_device(self)[torch.device("cpu")]
+        inv = grad_scaler._get_scale_async().double().reciprocal().float()
+        if found.item():
+            return "skipped"
+        with torch.no_grad():
+            for group in self.param_groups:
+                for p in group["params"]:
+                    p.grad.mul_(inv)
+        super().step(closure)
+        return "stepped"
+
+
+def test_check_inf_per_device_serves_apex_style_optimizers_as_torch():
+    runs = []
+    for scaler in scalers():
+        model = small_model()
+        opt = ApexStyleSGD(model.parameters(), lr=0.05)
+        out = []
+        for i in range(5):
+            opt.zero_grad()
+            backward(model, scaler, poison=float("nan") if i == 1 else None)
+            with pytest.warns(FutureWarning):
+                out.append(scaler.step(opt))
+            scaler.update()
+        runs.append((out, scaler.get_scale(), [p.detach().clone() for p in model.parameters()]))
+    (o1, s1, p1), (o2, s2, p2) = runs
+    assert o1 == o2 == ["stepped", "skipped", "stepped", "stepped", "stepped"] and s1 == s2
     assert all(torch.equal(a, b) for a, b in zip(p1, p2))
 
 
@@ -380,32 +417,14 @@ def test_sparse_grad_refused_by_asgd_leaves_the_scaler_as_it_was():
 
 # ------------------------------------------- what GradScaler takes from torch
 
-# Methods of torch.amp.GradScaler that torchext's overrides, and why: a
-# compiled train step calls them (Dynamo skips torch/amp/grad_scaler.py), or
-# they carry torchext's extensions (fused-step protocol, extra state, whole
-# checkpoint validation). Everything else must be torch's own function.
-OVERRIDDEN = {
-    "__init__": "hysteresis, clamps, allow_fp16, process_group",
-    "_check_scale_growth_tracker": "compiled step",
-    "_lazy_init_scale_growth_tracker": "compiled step; device inferred; extra trackers",
-    "scale": "compiled step",
-    "_unscale_grads_": "compiled step; torchext::unscale_, all-or-nothing",
-    "unscale_": "compiled step",
-    "step": "compiled step; fused-step protocol; no _maybe_opt_step",
-    "update": "compiled step; update(optimizer); hysteresis and clamps",
-    "_check_inf_per_device": "compiled step; read-only check",
-    "state_dict": "torch's keys plus torchext's",
-    "load_state_dict": "validated whole first, then torch's",
-    "__getstate__": "torch's, plus torchext's trackers as numbers",
-}
-
-
 def test_grad_scaler_overrides_only_what_differs():
+    # SCALER_OVERRIDES (tests/helpers.py): what torchext's GradScaler
+    # overrides, and why; everything else must be torch's own function.
     theirs = torch.amp.GradScaler
     ours_defined = {k for k, v in vars(GradScaler).items() if callable(v)}
     shared = {k for k, v in vars(theirs).items() if callable(v)}
-    assert ours_defined & shared == set(OVERRIDDEN)
-    for name in shared - set(OVERRIDDEN):
+    assert ours_defined & shared == set(SCALER_OVERRIDES)
+    for name in shared - set(SCALER_OVERRIDES):
         assert getattr(GradScaler, name) is getattr(theirs, name), name
 
 

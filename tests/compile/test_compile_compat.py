@@ -3,8 +3,10 @@ still behaves the way that makes it necessary. When one of the
 `test_torch_still_*` tests fails on a new torch, the matching workaround
 can probably go (and its test with it)."""
 import inspect
+import types
 
 import torch
+from helpers import COMPILED_STEP, SCALER_OVERRIDES
 from torch._dynamo import trace_rules
 from torch._dynamo.variables.optimizer import OptimizerVariable
 
@@ -62,9 +64,47 @@ def test_torch_zero_grad_is_still_not_traced():
 
 # (4) Dynamo intercepts the method named `_init_group`.
 
+def _step_path_names(cls) -> set[str]:
+    """Every name the step's code uses, following the methods of ``cls`` it
+    calls (``self.<name>``), from the function under the hook wrapper."""
+    seen: set[str] = set()
+    todo = [inspect.unwrap(cls.step)]
+    while todo:
+        code = todo.pop().__code__
+        codes = [code]
+        while codes:  # nested functions and lambdas (HolderCall's make_state)
+            c = codes.pop()
+            codes.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+            for name in c.co_names:
+                if name in seen:
+                    continue
+                seen.add(name)
+                fn = inspect.getattr_static(cls, name, None)
+                if isinstance(fn, types.FunctionType):
+                    todo.append(fn)
+    return seen
+
+
 def test_torch_still_intercepts_init_group():
     assert cc.DYNAMO_INTERCEPTED_INIT in inspect.getsource(OptimizerVariable)
-    assert ASGD.step.__code__.co_names.count(cc.DYNAMO_INTERCEPTED_INIT) == 0
+
+
+def test_step_path_never_calls_init_group():
+    names = _step_path_names(ASGD)
+    assert {"_run_step", "_call", "_gather", "_with_grads"} <= names  # the walk reaches the gather
+    assert cc.DYNAMO_INTERCEPTED_INIT not in names
+
+
+def test_step_path_check_fails_when_the_gather_goes_through_init_group():
+    # The workaround undone: the gather through torch's name. The check above
+    # must see it (it once inspected the hook wrapper and could not fail).
+    class Undone(ASGD):
+        def _gather(self, sg, lr, created, fused):
+            lists = [[] for _ in range(6)]
+            self._init_group(None, *lists)
+            return lists
+
+    assert cc.DYNAMO_INTERCEPTED_INIT in _step_path_names(Undone)
 
 
 def test_init_group_alias_gathers_like_torch_and_reports_complex():
@@ -83,29 +123,10 @@ def test_init_group_alias_gathers_like_torch_and_reports_complex():
 # and the overrides kept only for tracing can go.
 
 def test_torch_still_skips_tracing_torch_grad_scaler():
-    import torch.amp.grad_scaler as gs
-    for name in ("scale", "unscale_", "step", "update", "_unscale_grads_"):
-        fn = getattr(gs.GradScaler, name)
-        assert inspect.getsourcefile(fn).endswith("amp/grad_scaler.py")
+    compiled = [name for name, why in SCALER_OVERRIDES.items() if why.startswith(COMPILED_STEP)]
+    assert len(compiled) >= 7  # every one a compiled step calls (tests/helpers.py)
+    for name in compiled:
+        fn = getattr(torch.amp.GradScaler, name)
+        assert inspect.getsourcefile(fn).endswith("amp/grad_scaler.py"), name
         assert trace_rules.check_verbose(fn).skipped, name
 
-
-def test_old_protocol_names_still_work_with_a_warning():
-    import warnings
-
-    from torchext.amp import protocol
-
-    class Old(ASGD):  # an optimizer written against the first (dunder) names
-        _torchext_amp_step = None
-        _torchext_amp_check = None
-        __torchext_amp_step__ = True
-
-    opt = Old([torch.nn.Parameter(torch.randn(2))], lr=0.1)
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        assert protocol.takes_grad_scale(opt)
-    assert any(issubclass(x.category, DeprecationWarning) and "_torchext_amp_step" in
-               str(x.message) for x in w)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the new names: no warning
-        assert protocol.takes_grad_scale(_opt(ASGD))

@@ -17,9 +17,9 @@ from torchext.amp import GradScaler
 from torchext.amp import apex as amp_apex
 from torchext.amp.apex._amp_state import _amp_state
 from conftest import requires_cuda
-from helpers import data
+from helpers import SRC, data
 
-EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
+EXAMPLES = os.path.join(SRC, "examples")
 LEVELS = ["O0", "O1", "O2", "O3"]
 OPTIMIZERS = {
     "sgd": lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9),

@@ -12,7 +12,7 @@ own, with a fresh inductor cache; the ms/step ratios are then measured again
 in one process, setups interleaved (``--ab``).
 
     python -m torchext bench --only compile [--device cpu|cuda] [--quick]
-    python -m torchext.bench.train_step --models mlp-64,gpt2 --recipes torch-split,torchext
+    python -m torchext.bench.compile --models mlp-64,gpt2 --recipes torch-split,torchext
 """
 from __future__ import annotations
 
@@ -274,7 +274,7 @@ def _child(args, cache_dir, timeout):
     # child, so the CPU time of compiling is counted (a pool's is not).
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir,
                TORCHINDUCTOR_FX_GRAPH_CACHE="1", TORCHINDUCTOR_COMPILE_THREADS="1")
-    cmd = [sys.executable, "-c", "import sys; from torchext.bench.train_step import main; "
+    cmd = [sys.executable, "-c", "import sys; from torchext.bench.compile import main; "
            "sys.exit(main(sys.argv[1:]))", "--child", *args]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)

@@ -318,7 +318,7 @@ def test_differentiable_matches_torch_and_flows_gradients():
 
 def test_fused_none_picks_fused_op_on_meta():
     # One device rule (torchext._devices.KERNEL_DEVICES, C++'s twin tested by
-    # ASGDFusedDefault.MetaParamsTakeTheFusedOpAsInPython): meta params take
+    # ASGD.FusedDefaultMetaParamsTakeTheFusedOpAsInPython): meta params take
     # the fused op (its Meta kernel) and stay on meta; the unfused reference
     # would read eta on the host, which meta cannot.
     from torchext import _devices
@@ -497,3 +497,32 @@ def test_t0_minus_inf_is_allowed_and_matches_torch():
     assert torch.equal(p, ref)
     for k in ("ax", "mu", "eta", "step"):
         assert torch.equal(opt.state[p][k], topt.state[ref][k]), k
+
+
+def test_group_values_edited_between_steps_follow_torch():
+    # The eager step keeps each slot group's lr tensor and hyperparameter
+    # list between steps (ParamGroupSlots/SlotGroup.holder_args): every edit
+    # of a group's values must still reach the next step, as in torch.
+    model = small_model()
+    ref_model = twin(model)
+    ours = ASGD(model.parameters(), lr=0.05, t0=2)
+    ref = torch.optim.ASGD(ref_model.parameters(), lr=0.05, t0=2, foreach=False)
+    x, y = data()
+    lr_t = torch.tensor(0.02, dtype=torch.float64)
+    edits = [{}, {"lr": 0.03}, {}, {"lambd": 1e-2}, {"alpha": 0.5}, {"weight_decay": 0.1},
+             {"maximize": True}, {"maximize": False, "t0": 0.0}, {"lr": lr_t}, {}, "in place",
+             {"lr": 0.01}]
+    for edit in edits:
+        for opt in (ours, ref):
+            group = opt.param_groups[0]
+            if edit == "in place":
+                group["lr"].fill_(0.04)  # the same tensor: only its value changes
+            else:
+                group.update({k: v.clone() if isinstance(v, torch.Tensor) else v
+                              for k, v in edit.items()})
+        train(model, ours, x, y, 1)
+        train(ref_model, ref, x, y, 1)
+        for a, b in zip(model.parameters(), ref_model.parameters()):
+            assert torch.equal(a, b), edit
+    for (ka, a), (kb, b) in zip(all_state(ours), all_state(ref)):
+        assert ka == kb and torch.equal(a, b.to(a.dtype)), ka

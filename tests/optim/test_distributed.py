@@ -23,14 +23,14 @@ if not dist.is_available() or not dist.is_gloo_available():
 import torch.multiprocessing as mp  # noqa: E402
 
 import torchext  # noqa: E402
+import helpers  # noqa: E402
 
 WORLD = 2
 SPAWN_TIMEOUT_S = 60
 HP = dict(lr=0.05, lambd=1e-3, alpha=0.75, t0=3.0, weight_decay=1e-3)  # t0 small: mu < 1 soon
 SCALER = dict(init_scale=2.0**10, growth_interval=3)
 GLOBAL_BATCH = 16
-EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples",
-                       "distributed_train.py")
+EXAMPLE = os.path.join(helpers.SRC, "examples", "distributed_train.py")
 
 
 # ------------------------------------------------------------------ harness

@@ -141,6 +141,7 @@ def test_bench_json_tables_and_no_tqdm_message(tmp_path):
     assert r.returncode == 0, r.stderr
     # the benchmarks' own ratio tables
     assert "| tiny fp32 " in r.stdout and "vs torch foreach" in r.stdout
+    assert "us/tensor with GradScaler" in r.stdout  # (e)/(f): the scaler's per-tensor cost
     assert "torch GradScaler + ASGD (foreach)" in r.stdout
     assert r.stderr.count("tqdm is not installed") == 1 and "torchext[bench]" in r.stderr
     doc = json.loads(out.read_text())
@@ -212,20 +213,6 @@ def test_progress_bar_counts_every_case(monkeypatch):
     assert [len(v) for v in results.values()] == [1, 1]
 
 
-def test_thin_benchmark_script_prints_its_table():
-    code = TINY + textwrap.dedent(f"""
-        import runpy, sys
-        sys.argv = ["bench_amp.py", "--device", "cpu", "--quick"]
-        runpy.run_path({os.path.join(SRC, "benchmarks", "bench_amp.py")!r},
-                       run_name="__main__")
-    """)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=300, env=subprocess_env(), cwd=PKG_PARENT)
-    assert r.returncode == 0, r.stderr
-    assert "scale + step + update, 20 x 2k fp32" in r.stdout
-    assert "| torchext GradScaler + ASGD (fused)" in r.stdout
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU branch")
 def test_gpu_check_without_gpu_says_so_and_fails(tmp_path):
     # PATH without nvidia-smi, as on a machine without the NVIDIA driver
@@ -284,10 +271,10 @@ def test_check_catches_a_wrong_packed_kernel(monkeypatch):
 
 
 def test_compile_bench_reports_ratios_only_where_timed_together():
-    # torchext/bench/train_step.py's table from rows as its child processes
+    # torchext/bench/compile.py's table from rows as its child processes
     # write them: a speed-up only for recipes timed interleaved with
     # torchext's (the others keep their own process's ms/step), errors shown.
-    from torchext.bench import train_step as ts
+    from torchext.bench import compile as ts
     from torchext.bench.common import Env
     row = dict(tensors=64, to_steady_s=26.0, to_steady_cpu_s=25.0, recompiles_after_first_call=0,
                steady=True, ms_step=9.0, opt_scaler_ms=0.5, peak_rss_MiB=900.0)

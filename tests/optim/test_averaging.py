@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 from conftest import requires_cuda
-from helpers import data, small_model
+from helpers import SRC, data, small_model
 from torch._dynamo.testing import CompileCounter
 from torch.library import opcheck
 
@@ -195,7 +195,7 @@ def test_compiled_step_does_not_recompile_after_the_block():
     torch._dynamo.reset()
     model, opt, x, y = _trained(steps=1)
     counter = CompileCounter()
-    # (A lambda, as tests/test_compile.py does: compiling the bound method
+    # (A lambda, as tests/compile/test_compile.py does: compiling the bound method
     # itself trips a Dynamo assertion on torch's step-hook wrapper once
     # another test compiled a step in the same process.)
     step = torch.compile(lambda: opt.step(), backend=counter, fullgraph=True)
@@ -548,7 +548,7 @@ def test_ntasgd_example_runs(capsys):
     import os
     import runpy
 
-    path = os.path.join(os.path.dirname(__file__), "..", "examples", "ntasgd_language_model.py")
+    path = os.path.join(SRC, "examples", "ntasgd_language_model.py")
     main = runpy.run_path(path)["main"]
     history, _ = main(["--epochs", "3", "--train-chars", "6000", "--val-chars", "2000",
                        "--dim", "16", "--batch", "8", "--threads", str(torch.get_num_threads())])

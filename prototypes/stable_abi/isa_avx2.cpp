@@ -1,2 +1,0 @@
-#include "asgd_loop.h"
-PROTO_DEFINE_ISA(avx2)
