@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 from torch.amp.grad_scaler import OptState
 
+from .._compile_compat import gate_compiled_step
 from . import _checkpoint, protocol
 from ._grads import GradsByDevice
 
@@ -297,6 +298,7 @@ class GradScaler(torch.amp.GradScaler):
             combined = combined + f
         return combined
 
+    @gate_compiled_step  # (a torch that cannot trace it: _compile_compat (6))
     def step(self, optimizer, *args: Any, **kwargs: Any):
         """Unscales (unless :meth:`unscale_` was called) and steps the
         optimizer unless its gradients hold inf/NaN; returns what
