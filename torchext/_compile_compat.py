@@ -160,6 +160,11 @@ def gate_compiled_step(step: Callable[..., Any]) -> Callable[..., Any]:
     return torch.compiler.disable(step, reason=COMPILED_STEP.message())
 
 
+#: The frames gate_compiled_step adds between a step's caller and the step
+#: (torch.compiler.disable's wrapper), for warnings that point at the caller.
+STEP_GATE_FRAMES = 0 if COMPILED_STEP.available() else 1
+
+
 class GroupsAlias:
     """Mixin for torchext's optimizers: ``_current_groups()`` (see
     :func:`param_groups`) and (3) a traceable ``zero_grad``: torch's
