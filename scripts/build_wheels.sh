@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Release artifacts into dist/: a wheel for each supported torch and an sdist.
 #
-#   bash scripts/build_wheels.sh                  # the 2.13.0+cu130, 2.14.1 (CUDA 13.0) and 2.13.0 (CPU) wheels + sdist
+#   bash scripts/build_wheels.sh                  # a wheel per supported torch (below) + sdist
 #   bash scripts/build_wheels.sh 2.13.0+cu130     # that torch's wheel only (+ the sdist)
 #   bash scripts/build_wheels.sh --no-sdist 2.14.1
 #   bash scripts/build_wheels.sh --sdist-only
@@ -12,7 +12,7 @@
 # (build/temp.torchext; only the link is redone). Its version carries the torch
 # (0.1.0+torch2.13.0.cpu, 0.1.0+torch2.14.1.cu130), it requires that torch,
 # and it is tagged cp39-abi3 (one wheel for every Python that torch supports).
-# The torch 2.14.1 wheel must hold CUDA kernels (nvcc 13.0; TORCH_CUDA_ARCH_LIST,
+# A CUDA torch's wheel must hold CUDA kernels (nvcc 13.0; TORCH_CUDA_ARCH_LIST,
 # default 8.0;9.0+PTX). Test a wheel with scripts/test_wheel.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,9 +29,10 @@ for arg in "$@"; do
        exit 2 ;;
   esac
 done
-# The supported torch builds: what pip gives by default for 2.13.0 and 2.14.1
-# (CUDA 13.0), and 2.13.0's CPU build (scripts/venv.sh names them).
-[ ${#TORCHES[@]} -gt 0 ] || TORCHES=(2.13.0+cu130 2.14.1 2.13.0)
+# The supported torch builds: what pip gives by default for each release from
+# 2.11 to 2.15 (CUDA 13.0; 13.2 for 2.15.0: +torch2.15.0.cu132), and 2.13.0's
+# CPU build (scripts/venv.sh names them).
+[ ${#TORCHES[@]} -gt 0 ] || TORCHES=(2.15.0 2.14.1 2.13.0+cu130 2.12.1 2.11.0 2.13.0)
 WHEEL_TORCHES=()
 [ "$WHEELS" = 0 ] || WHEEL_TORCHES=("${TORCHES[@]}")
 VERSION=$(cat version.txt)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, Python and C++, from a fresh machine:
-#   bash scripts/test.sh                       # torch 2.14.1 (CUDA build)
+#   bash scripts/test.sh                       # torch 2.15.0, the newest (CUDA build)
+#   TORCH_VERSION=2.11.0 bash scripts/test.sh        # any other from 2.11 to 2.15 (CUDA builds)
 #   TORCH_VERSION=2.13.0+cu130 bash scripts/test.sh  # torch 2.13.0 (CUDA 13.0 build)
 #   TORCH_VERSION=2.13.0 bash scripts/test.sh        # torch 2.13.0 (CPU build)
 # CUDA tests skip cleanly when no GPU is present.

@@ -4,16 +4,18 @@
 # Used by scripts/setup_env.sh (which then builds torchext in place) and by
 # scripts/test_wheel.sh (which installs a wheel over it instead).
 #
-#   TORCH_VERSION  torch to install: 2.14.1 (default: the CUDA 13.0 build, so
-#                  the CUDA kernels compile too), 2.13.0+cu130 (the CUDA 13.0
-#                  build that PyPI gives for 2.13.0), 2.13.0 (the CPU build
-#                  this machine keeps on disk for Python 3.11). A version with
-#                  a +variant must be exactly that build.
+#   TORCH_VERSION  torch to install. Default 2.15.0, the newest supported
+#                  (requirements-dev.txt); any release from 2.11 to 2.15
+#                  (2.11.0, 2.12.1, 2.13.0+cu130, 2.14.1, 2.15.0: docs/install.md),
+#                  as pip gives it: the CUDA build (cu130; cu132 for 2.15.0), so
+#                  the CUDA kernels compile too. 2.13.0 alone is the CPU build
+#                  this machine keeps on disk for Python 3.11; 2.13.0+cu130 the
+#                  CUDA one. A version with a +variant must be exactly that build.
 #   VENV           where the environment lives (default .venv-$TORCH_VERSION)
 #   PYTHON_BIN     the Python that creates it (default python3)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-TORCH_VERSION=${TORCH_VERSION:-2.14.1}
+TORCH_VERSION=${TORCH_VERSION:-2.15.0}
 VENV=${VENV:-.venv-$TORCH_VERSION}
 PYTHON_BIN=${PYTHON_BIN:-python3}
 # What the tests need besides torch (numpy: torch.distributed.checkpoint, used

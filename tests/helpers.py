@@ -29,6 +29,13 @@ def needs_toolchain(test):
     return pytest.mark.toolchain(_no_toolchain(test))
 
 
+def needs_torch(feature):
+    """Skips a test where the running torch lacks ``feature`` (a
+    ``torchext._compile_compat.TorchFeature``), with the message torchext
+    gives its users."""
+    return pytest.mark.skipif(not feature.available(), reason=feature.message())
+
+
 def subprocess_env(**extra):
     """os.environ for a Python subprocess that must import the torchext under
     test (run it with cwd=PKG_PARENT, never from the checkout of an installed

@@ -12,7 +12,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchext
 from conftest import requires_cuda
-from helpers import rel_err
+from helpers import needs_torch, rel_err
+from torchext._compile_compat import COMPILED_STEP
 
 GROWTH_INTERVAL = 3
 
@@ -108,6 +109,7 @@ def run_compiled_vs_eager(backend, steps=22):
     return eager, compiled, counter.graphs, losses, scales, moved
 
 
+@needs_torch(COMPILED_STEP)
 def test_compiling_after_eager_steps_whose_plan_packed_the_state(trace_autograd_ops):
     # Eager steps first: the group's C++ plan packs step/eta/mu into views of
     # one tensor each. The compiled step then takes those views (aliased
@@ -129,6 +131,7 @@ def test_compiling_after_eager_steps_whose_plan_packed_the_state(trace_autograd_
     assert_same_training_state(eager, compiled)
 
 
+@needs_torch(COMPILED_STEP)
 def test_fullgraph_train_step_matches_eager_without_recompiles(trace_autograd_ops):
     # aot_eager: Dynamo + AOTAutograd + functionalization of the whole step,
     # with eager kernels, so the numbers must match eager exactly.
@@ -154,6 +157,7 @@ def test_fullgraph_train_step_matches_eager_without_recompiles(trace_autograd_op
     assert compiled[1].param_groups[0]["capturable"] is False
 
 
+@needs_torch(COMPILED_STEP)
 def test_fullgraph_train_step_inductor(trace_autograd_ops):
     # inductor fuses the bf16 autocast forward differently from eager, so
     # losses and grads differ at bf16 rounding level; everything the
@@ -169,6 +173,7 @@ def test_fullgraph_train_step_inductor(trace_autograd_ops):
     assert_same_training_state(eager, compiled, tol=1e-3)
 
 
+@needs_torch(COMPILED_STEP)
 def test_zero_grad_keep_buffers_in_compiled_step(trace_autograd_ops):
     eager, compiled = make(), make()
 
@@ -187,6 +192,7 @@ def test_zero_grad_keep_buffers_in_compiled_step(trace_autograd_ops):
     assert_same_training_state(eager, compiled)
 
 
+@needs_torch(COMPILED_STEP)
 def test_optimizer_step_alone_compiles_without_copies():
     """The compiled step mutates the parameters in place. Method: run the
     compiled opt.step() through inductor and read its generated wrapper code:
@@ -218,6 +224,7 @@ def test_optimizer_step_alone_compiles_without_copies():
         assert torch.equal(p1, p2)
 
 
+@needs_torch(COMPILED_STEP)
 def test_float_lr_guards_and_recompiles_tensor_lr_does_not():
     """Documented behaviour: a Python-float lr is a constant of the first
     graph, so its first change recompiles, after which Dynamo makes it an
@@ -367,6 +374,7 @@ def test_cuda_graph_capture_and_replay_matches_eager(what):
 
 
 @requires_cuda
+@needs_torch(COMPILED_STEP)
 def test_reduce_overhead_train_step_matches_eager(trace_autograd_ops):
     eager, compiled = make("cuda"), make("cuda")
     e = make_train_step(*eager, device_type="cuda", dtype=torch.float16)

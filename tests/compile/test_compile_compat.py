@@ -3,13 +3,16 @@ still behaves the way that makes it necessary. When one of the
 `test_torch_still_*` tests fails on a new torch, the matching workaround
 can probably go (and its test with it)."""
 import inspect
+import re
 import types
 
+import pytest
 import torch
 from helpers import COMPILED_STEP, SCALER_OVERRIDES
 from torch._dynamo import trace_rules
 from torch._dynamo.variables.optimizer import OptimizerVariable
 
+import torchext
 from torchext import _compile_compat as cc
 from torchext.optim import ASGD
 
@@ -59,7 +62,8 @@ def test_groups_are_read_from_the_instance_and_follow_a_replaced_list():
 
 def test_torch_zero_grad_is_still_not_traced():
     assert trace_rules.check_verbose(torch.optim.Optimizer.zero_grad).skipped
-    assert not trace_rules.check_verbose(ASGD.zero_grad).skipped
+    # (traced wherever the torch traces a step: (6))
+    assert trace_rules.check_verbose(ASGD.zero_grad).skipped == (not cc.COMPILED_STEP.available())
 
 
 # (4) Dynamo intercepts the method named `_init_group`.
@@ -130,3 +134,146 @@ def test_torch_still_skips_tracing_torch_grad_scaler():
         assert inspect.getsourcefile(fn).endswith("amp/grad_scaler.py"), name
         assert trace_rules.check_verbose(fn).skipped, name
 
+
+# ---------------------------------------------------------------- torch versions
+# (6) and (7): what differs between the torch releases torchext supports.
+
+def test_torch_version_parses_releases_builds_and_nightlies():
+    assert cc.torch_version("2.11.0+cu130") == (2, 11)
+    assert cc.torch_version("2.15.0") == (2, 15)
+    assert cc.torch_version("2.16.0.dev20270101+cpu") == (2, 16)
+    assert cc.torch_version() == tuple(int(x) for x in torch.__version__.split(".")[:2])
+    oldest, newest = cc.SUPPORTED_TORCH
+    assert oldest <= cc.torch_version() <= newest, "this torch is outside the supported range"
+
+
+def test_every_feature_names_itself_and_its_torch_in_its_message():
+    for feature in cc.FEATURES:
+        assert cc.SUPPORTED_TORCH[0] < feature.min_torch <= cc.SUPPORTED_TORCH[1]
+        major, minor = feature.min_torch
+        older = f"{major}.{minor - 1}.0"
+        assert not feature.available(older) and feature.available(f"{major}.{minor}.0")
+        msg = feature.message(older)
+        assert feature.name in msg and f"needs torch >= {major}.{minor}" in msg and older in msg
+    if not all(f.available() for f in cc.FEATURES):
+        missing = next(f for f in cc.FEATURES if not f.available())
+        with pytest.raises(cc.TorchTooOldError, match=re.escape(missing.message())):
+            missing.require()
+
+
+def _setattr_on_an_optimizer_compiles() -> bool:
+    opt = _opt()
+
+    def f(x):
+        opt._probe = x
+        return x + 1
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(f, fullgraph=True, backend="eager")(torch.ones(1))
+        return True
+    except Exception as e:  # torch._dynamo.exc.* on an older Dynamo
+        assert "setattr" in str(e) or "AttributeMutation" in str(e), e
+        return False
+    finally:
+        torch._dynamo.reset()
+
+
+def test_compiled_step_gate_matches_what_dynamo_can_do():
+    """(6) COMPILED_STEP is available exactly where Dynamo sets attributes on
+    an optimizer inside a fullgraph graph. When the oldest supported torch
+    can, the gate (and COMPILED_STEP) can go."""
+    assert cc.COMPILED_STEP.available() == _setattr_on_an_optimizer_compiles()
+
+
+def test_fullgraph_step_is_refused_at_the_first_call_naming_the_feature():
+    """(6) On a torch without COMPILED_STEP the whole-step compile fails at
+    its first call with the feature's message; without fullgraph the step
+    runs eagerly between graphs and matches an eager run."""
+    if cc.COMPILED_STEP.available():
+        pytest.skip("this torch compiles the whole step (tests/test_compile.py)")
+
+    def make():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        opt = ASGD(model.parameters(), lr=0.1, t0=1)
+        return model, opt, torchext.amp.GradScaler(init_scale=4.0)
+
+    def step_fn(model, opt, scaler):
+        def step(x, y):
+            opt.zero_grad()
+            scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+            scaler.step(opt)
+            scaler.update()
+        return step
+
+    x, y = torch.randn(8, 4), torch.randn(8, 1)
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(trace_autograd_ops=True):
+        with pytest.raises(Exception, match=re.escape(cc.COMPILED_STEP.message())):
+            torch.compile(step_fn(*make()), fullgraph=True, backend="eager")(x, y)
+        eager, compiled = make(), make()
+        run = torch.compile(step_fn(*compiled), backend="eager")
+        for _ in range(3):
+            step_fn(*eager)(x, y)
+            run(x, y)
+    torch._dynamo.reset()
+    assert not torch.equal(eager[0].weight, make()[0].weight)  # it trained
+    for a, b in zip(eager[0].parameters(), compiled[0].parameters()):
+        assert torch.equal(a, b)
+
+
+def test_mse_loss_probe_and_the_promoting_wrapper_match_newer_torch():
+    """(7) The wrapper gives what a torch with the fix gives: the loss and
+    gradient of the inputs cast to their promoted dtype. The probe says
+    whether this torch's own mse_loss takes mixed dtypes; when the oldest
+    supported torch does, the wrapper can go."""
+    F = torch.nn.functional
+    x = torch.randn(5, 3, dtype=torch.float64)
+    t = torch.randn(5, 3)
+    a = x.to(torch.bfloat16).requires_grad_()
+    b = x.to(torch.bfloat16).requires_grad_()
+    wrapped = cc.promoting_mse_loss(F.mse_loss)
+    la = wrapped(a, t)
+    la.backward()
+    lb = F.mse_loss(b.float(), t)
+    lb.backward()
+    assert la.dtype == torch.float32 and torch.equal(la, lb) and torch.equal(a.grad, b.grad)
+    try:
+        F.mse_loss(x.to(torch.bfloat16).requires_grad_(), t).backward()
+        works = True
+    except RuntimeError as e:
+        assert "expected BFloat16" in str(e)
+        works = False
+    assert cc.mse_loss_mixed_dtype_works() == works
+    if works:  # and then torch's own result is the wrapper's
+        c = x.to(torch.bfloat16).requires_grad_()
+        lc = F.mse_loss(c, t)
+        lc.backward()
+        assert torch.equal(lc, la) and torch.equal(c.grad, a.grad)
+
+
+def test_apex_o1_puts_the_wrapper_in_place_only_where_torch_needs_it():
+    from torchext.amp import apex
+    F = torch.nn.functional
+    own = F.mse_loss
+    apex.reset()
+    try:
+        apex.initialize(torch.nn.Linear(2, 1), opt_level="O1", verbosity=0)
+        assert getattr(F.mse_loss, "_torchext_promoting", False) == (
+            not cc.mse_loss_mixed_dtype_works())
+    finally:
+        apex.reset()
+    assert F.mse_loss is own
+
+
+def test_the_default_torch_is_the_newest_supported():
+    """scripts/venv.sh (so test.sh and demo.sh) and requirements-dev.txt
+    default to the newest torch of SUPPORTED_TORCH."""
+    import os
+    from helpers import SRC
+    major, minor = cc.SUPPORTED_TORCH[1]
+    venv = open(os.path.join(SRC, "scripts", "venv.sh")).read()
+    assert re.search(rf"^TORCH_VERSION=\$\{{TORCH_VERSION:-{major}\.{minor}\.\d+\}}$", venv, re.M)
+    reqs = open(os.path.join(SRC, "requirements-dev.txt")).read().split("\n")
+    assert f"torch=={major}.{minor}.*" in reqs

@@ -7,11 +7,12 @@ import math
 import pytest
 import torch
 from conftest import requires_cuda
-from helpers import SRC, data, small_model
+from helpers import SRC, data, needs_torch, small_model
 from torch._dynamo.testing import CompileCounter
 from torch.library import opcheck
 
 import torchext
+from torchext._compile_compat import COMPILED_STEP
 from torchext.optim import NonMonotonicTrigger, averaged_state_dict
 
 swap_ = torch.ops.torchext.swap_
@@ -191,6 +192,7 @@ def test_compiled_eval_does_not_recompile_across_the_block():
     assert torch.equal(raw, again) and not torch.equal(raw, averaged)
 
 
+@needs_torch(COMPILED_STEP)
 def test_compiled_step_does_not_recompile_after_the_block():
     torch._dynamo.reset()
     model, opt, x, y = _trained(steps=1)

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 from torch.amp.grad_scaler import OptState
 
+from .._compile_compat import STEP_GATE_FRAMES, gate_compiled_step
 from . import _checkpoint, protocol
 from ._grads import GradsByDevice
 
@@ -301,6 +302,7 @@ class GradScaler(torch.amp.GradScaler):
             combined = combined + f
         return combined
 
+    @gate_compiled_step  # (a torch that cannot trace it: _compile_compat (6))
     def step(self, optimizer, *args: Any, **kwargs: Any):
         """Unscales (unless :meth:`unscale_` was called) and steps the
         optimizer unless its gradients hold inf/NaN; returns what
@@ -343,7 +345,7 @@ class GradScaler(torch.amp.GradScaler):
                 "GradScaler is going to stop passing itself as a keyword argument to the passed "
                 "optimizer. In the near future GradScaler registers `grad_scale: Tensor` and "
                 "`found_inf: Tensor` to the passed optimizer and let the optimizer use them "
-                "directly.", FutureWarning, stacklevel=3)
+                "directly.", FutureWarning, stacklevel=3 + STEP_GATE_FRAMES)
             return optimizer.step(*args, **{**kwargs, "grad_scaler": self})
         if stage is OptState.READY:
             found_per_device = self._check_inf_grads(optimizer)

@@ -11,7 +11,8 @@ from torch.optim import optimizer as _torch_optimizer
 from torch.optim.optimizer import Optimizer, ParamsT
 
 from .. import _devices
-from .._compile_compat import GroupsAlias, mark_step_not_wrapped, param_groups
+from .._compile_compat import (GroupsAlias, mark_step_not_wrapped, param_groups,
+                               gate_compiled_step)
 from . import _checkpoint, _dtensor, _op
 from . import averaging as _averaging
 from . import functional as F
@@ -197,7 +198,7 @@ class ASGD(GroupsAlias, Optimizer):
                     raise
         return loss
 
-    step = mark_step_not_wrapped(_hooked_step(step))
+    step = mark_step_not_wrapped(gate_compiled_step(_hooked_step(step)))
 
     def _run_step(self, grad_scale, found_inf, eager: bool, created: list) -> None:
         """The one step path, in torch's adam.py shape: gather each slot group

@@ -10,6 +10,7 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor
 
+from ..._compile_compat import mse_loss_mixed_dtype_works, promoting_mse_loss
 from ._amp_state import _amp_state, _require_state
 from ._casting import HALF_DTYPES
 from ._initialize import _cast_model, _check_model, _check_optimizer, _patch_forward
@@ -177,6 +178,8 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model
                 _patch_forward(model, autocast=autocast, autocast_dtype=autocast_dtype,
                                input_dtype=in_dtype, output_dtype=out_dtype)
             _amp_state.models.append(model)
+        if props["patch_torch_functions"] and not mse_loss_mixed_dtype_works():
+            _patch_mse_loss()
 
         for opt in opt_list:
             _process_optimizer(opt, renamed, fp32_of if want_masters else None,
@@ -201,6 +204,22 @@ def initialize(models, optimizers=None, enabled=True, opt_level="O1", cast_model
     if optimizers is None:
         return out_models
     return out_models, (opt_list if opts_was_list else opt_list[0])
+
+
+def _patch_mse_loss() -> None:
+    """O1 on a torch whose mse_loss backward refuses a half output against
+    fp32 targets: F.mse_loss computes in the promoted dtype, as newer torch
+    (_compile_compat (7)); undone by reset()."""
+    F = torch.nn.functional
+    previous = F.mse_loss
+    if getattr(previous, "_torchext_promoting", False):
+        return
+    F.mse_loss = promoting_mse_loss(previous)
+
+    def undo():
+        F.mse_loss = previous
+
+    _amp_state.undo.append(undo)
 
 
 def _describe(props) -> str:
