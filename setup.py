@@ -356,7 +356,7 @@ else:
 if BUILDING_SDIST:
     # Sources only: the files generated for a build (MANIFEST.in excludes
     # them) are written again by the build that unpacks it.
-    full_version, torch_requirement = VERSION, "torch>=2.13"
+    full_version, torch_requirement = VERSION, "torch>=2.11"
 else:
     # The library is tied to this torch's ABI: say which in the version, and
     # let pip install (or keep) exactly that torch next to it.

@@ -7,6 +7,9 @@ A fence's info string is its language, then tags:
     ```python no-run      shown only (a fragment, or needs several processes)
     ```python cuda        runs, in order with the others, only where a CUDA
                           GPU and torchext's CUDA kernels are
+    ```python compiled-step
+                          runs only where torch can compile the whole step
+                          (torchext._compile_compat.COMPILED_STEP: torch >= 2.13)
     ```cpp                a complete program (a main): compiled against
                           find_package(torchext) and run, exit status 0
                           (the downstream_docs ctest, cpp_tests/downstream.sh)
@@ -30,7 +33,7 @@ import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TAGS = {"python": {"no-run", "cuda"}, "cpp": {"no-run", "no-compile"}}
+TAGS = {"python": {"no-run", "cuda", "compiled-step"}, "cpp": {"no-run", "no-compile"}}
 _OPEN = re.compile(r"^(?P<indent> *)(?P<ticks>```+)(?P<info>[^`]*)$")
 
 
@@ -84,6 +87,11 @@ def check_tags(fence: Fence) -> None:
                          f"fence (known: {sorted(TAGS[fence.lang])})")
 
 
+def _compiled_step_available() -> bool:
+    from torchext._compile_compat import COMPILED_STEP
+    return COMPILED_STEP.available()
+
+
 def python_fences(page: str, cuda: bool) -> list[Fence]:
     """The python fences of a page that run here, in order."""
     out = []
@@ -92,6 +100,8 @@ def python_fences(page: str, cuda: bool) -> list[Fence]:
             continue
         check_tags(f)
         if "no-run" in f.tags or ("cuda" in f.tags and not cuda):
+            continue
+        if "compiled-step" in f.tags and not _compiled_step_available():
             continue
         out.append(f)
     return out

@@ -191,7 +191,7 @@ def test_fullgraph_step_is_refused_at_the_first_call_naming_the_feature():
     its first call with the feature's message; without fullgraph the step
     runs eagerly between graphs and matches an eager run."""
     if cc.COMPILED_STEP.available():
-        pytest.skip("this torch compiles the whole step (tests/test_compile.py)")
+        pytest.skip("this torch compiles the whole step (tests/compile/test_compile.py)")
 
     def make():
         torch.manual_seed(0)

@@ -48,8 +48,13 @@ def _ptx(source, out, fmad, torch_headers=True):
     if torch_headers:
         site = os.path.dirname(os.path.dirname(torch.__file__))
         # The CUDA wheel's cuSPARSE & co. headers (ATen/cuda includes them).
+        # nvcc's own toolkit headers before the wheel's: a wheel built with a
+        # newer CUDA (torch 2.15's cu132) carries a cuda_runtime.h that nvcc
+        # 13.0 refuses ("CUDA compiler and CUDA toolkit headers are
+        # incompatible"); the library's build orders them so too.
+        toolkit = os.path.join(os.path.dirname(os.path.dirname(NVCC)), "include")
         includes = (cpp_extension.include_paths(device_type="cuda")
-                    + [os.path.join(ROOT, "csrc", "include")]
+                    + [os.path.join(ROOT, "csrc", "include"), toolkit]
                     + sorted(glob.glob(os.path.join(site, "nvidia", "cu*", "include"))))
         cmd += [f"-I{d}" for d in includes] + cpp_extension.COMMON_NVCC_FLAGS
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
