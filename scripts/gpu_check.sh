@@ -128,7 +128,7 @@ if [ $crc -gt 128 ] && [ $crc != 137 ]; then  # a signal (SIGSEGV: 139), not a f
 fi
 
 if [ "${GPU_CHECK_BENCH:-1}" = 1 ]; then
-  step bench "$PY" -m torchext bench --device cuda --only asgd,amp --json "$OUT/bench.json"
+  step bench "$PY" -m torchext bench --device cuda --only asgd,amp,gpu_targets --json "$OUT/bench.json"
 else
   skip bench "GPU_CHECK_BENCH=0"
 fi

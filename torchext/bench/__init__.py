@@ -25,10 +25,10 @@ import torch
 
 import torchext
 
-from . import amp, asgd, compile
+from . import amp, asgd, compile, gpu_targets
 from .common import Env, Result, bandwidth
 
-BENCHMARKS = {m.NAME: m for m in (asgd, amp, compile)}
+BENCHMARKS = {m.NAME: m for m in (asgd, amp, compile, gpu_targets)}
 SCHEMA_VERSION = 1
 
 
