@@ -14,7 +14,7 @@ import torch
 
 import torchext
 
-from helpers import PKG_PARENT, SRC, subprocess_env
+from helpers import PKG_PARENT, SRC, needs_toolchain, subprocess_env
 
 # What ATen itself can run here, best last.
 _ORDER = ["default", "avx2", "avx512"]
@@ -67,7 +67,7 @@ _COMPILERS = [c for c in ("g++", "g++-12", "g++-13", "g++-14", "clang++", "clang
 _ISA_REGISTERS = {"isa_avx2.cpp": "%ymm", "isa_avx512.cpp": "%zmm"}
 
 
-@pytest.mark.toolchain
+@needs_toolchain
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64 ISA builds")
 @pytest.mark.skipif(not _COMPILERS, reason="no C++ compiler on PATH")
 @pytest.mark.parametrize("compiler", _COMPILERS or ["none"])
