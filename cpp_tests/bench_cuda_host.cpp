@@ -1,5 +1,5 @@
 // The host side of the CUDA asgd_ step, timed without a GPU: the CUDA
-// kernel's own plan (csrc/ops/cuda/kernels/asgd.h) through an executor that
+// kernel's own plan (csrc/ops/cuda/kernels/asgd_kernels.h) through an executor that
 // launches nothing, over CPU tensors standing in for device ones. What is
 // timed is everything the CUDA kernel does on the host per step but the
 // launches themselves: decoding the dispatcher's stack, the header and
@@ -15,7 +15,7 @@
 // information, not a test: ctest runs it with --quick only to keep it built
 // and working.
 #include "../csrc/ops/asgd.h"
-#include "../csrc/ops/cuda/kernels/asgd.h"
+#include "../csrc/ops/cuda/kernels/asgd_kernels.h"
 
 #include <ATen/ATen.h>
 #include <torch/torch.h>
@@ -35,7 +35,6 @@ namespace k = torchext::kernels;
 // kernel would read stay pointers, the schedule table is host memory, and a
 // launch only reads its metadata (as copying it into kernel parameters would).
 struct NoLaunchExecutor {
-  static constexpr k::PlantedBug kPlantedBug = k::PlantedBug::kNone;
   int64_t launches = 0;
   uint64_t checksum = 0;
   void enter(const c10::Device&) {}

@@ -9,10 +9,10 @@
 //
 // The CudaDevice tests run the same cases through the real CUDA kernels when
 // a GPU is there (scripts/gpu_check.sh), and skip otherwise.
-#include "../csrc/ops/cuda/kernels/amp.h"
-#include "../csrc/ops/cuda/kernels/asgd.h"
+#include "../csrc/ops/cuda/kernels/amp_kernels.h"
+#include "../csrc/ops/cuda/kernels/asgd_kernels.h"
 #include "../csrc/ops/cuda/kernels/host_runner.h"
-#include "../csrc/ops/cuda/kernels/swap.h"
+#include "../csrc/ops/cuda/kernels/swap_kernels.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -95,7 +95,7 @@ struct Shape {
 // fill every launch's tensor slots; the production shape is tested too.
 const Shape kTiny{"tiny", {16, 5, 3, 2}};       // chunk 16, 5 blocks, 3 slots, 2 threads
 const Shape kSmall{"small", {64, 7, 4, 8}};     // chunk 64, 7 blocks, 4 slots, 8 threads
-const Shape kProduction{"production", {}};      // chunk 65536, 320 blocks, 512 threads
+const Shape kProduction{"production", {}};      // chunk auto (4K to 64K), 320 blocks, 512 threads
 
 const BlockOrder kOrders[] = {BlockOrder::kForward, BlockOrder::kReverse, BlockOrder::kShuffled};
 const char* order_name(BlockOrder o) {
@@ -418,15 +418,15 @@ template <typename Runner>
 void run_on_host(const ASGDCase& c, ASGDTensors& t, Runner& runner) {
   runner.set_op("asgd_: ");
   for (int s = 0; s < c.steps; ++s) {
-    const auto stack = asgd_stack(c, t);
+    // A skipped entry has no grad, as in a real step.
+    ASGDTensors with_skips = t;
+    for (size_t i = 0; i < c.skip.size(); ++i) {
+      if (c.skip[i]) with_skips.grads[i] = at::Tensor();
+    }
+    const auto stack = asgd_stack(c, with_skips);
     const torchext::ASGDArgs a =
         torchext::asgd_args_from_stack(asgd_overload(c.packed, c.tensor_lr), stack);
-    if (c.skip.empty()) {
-      torchext::kernels::asgd_launch(a, runner);
-    } else {
-      torchext::kernels::asgd_launch(a, runner,
-                                     [&](const torchext::ASGDArgs&, size_t i) { return c.skip[i]; });
-    }
+    torchext::kernels::asgd_launch(a, runner);
   }
 }
 
@@ -795,6 +795,40 @@ TEST(CudaOnHost, AsgdProductionShape) {
   EXPECT_TRUE(check_asgd_case(big, kProduction, BlockOrder::kForward));
 }
 
+// The production chunk size follows the list: 64K chunks for tensors of
+// 0.5M elements and more, down to 4K for small ones, about 8 per tensor.
+TEST(CudaOnHost, AutoChunkSize) {
+  using torchext::kernels::auto_chunk_size;
+  EXPECT_EQ(auto_chunk_size(200 * 50000, 200), 8192);
+  EXPECT_EQ(auto_chunk_size(100 * 4000000LL, 100), 65536);
+  EXPECT_EQ(auto_chunk_size(10000 * 100, 10000), 4096);
+  EXPECT_EQ(auto_chunk_size(0, 0), 4096);
+  EXPECT_EQ(auto_chunk_size(524288, 1), 65536);
+  EXPECT_EQ(auto_chunk_size(524287, 1), 65536);
+  EXPECT_EQ(auto_chunk_size(262144, 1), 32768);
+
+  // 40 float32 tensors of 50000 elements: chunks of 8192, 7 per tensor; 36
+  // tensors (252 blocks) fill the first launch, 4 the second. The results
+  // are those of the CPU kernel, bit for bit.
+  ASGDCase c;
+  c.name = "production, 40 x 50000";
+  c.seed = 9;
+  c.steps = 1;
+  c.packed = true;
+  for (int i = 0; i < 40; ++i) {
+    c.entries.push_back({50000, at::kFloat, {0, 0, 0},
+                         {Layout::kContiguous, Layout::kContiguous, Layout::kContiguous}});
+  }
+  EXPECT_TRUE(check_asgd_case(c, kProduction, BlockOrder::kShuffled));
+  Arena arena;
+  ASGDTensors t = make_asgd_tensors(c, arena);
+  auto runner = make_runner(kProduction, BlockOrder::kForward, 1);
+  run_on_host(c, t, runner);
+  const RunCounts& update = runner.counts().at("asgd_: asgd_ update");
+  EXPECT_EQ(update.launches, 2);
+  EXPECT_EQ(update.blocks, 40 * 7);
+}
+
 // ---------------------------------------------------------------------------
 // check_finite_ / unscale_
 
@@ -872,7 +906,10 @@ template <PlantedBug Bug = PlantedBug::kNone>
 ::testing::AssertionResult check_scan_case(const ScanCase& c, const Shape& shape, BlockOrder order,
                                            bool count = true) {
   Arena arena;
-  const std::vector<at::Tensor> host = make_scan_tensors(c, arena, shape.limits.chunk_size);
+  // Where a planted value lands: in which chunk, for the auto chunk size a 64K one.
+  const int64_t chunk = shape.limits.chunk_size > 0 ? shape.limits.chunk_size
+                                                    : torchext::kernels::kChunkSize;
+  const std::vector<at::Tensor> host = make_scan_tensors(c, arena, chunk);
   std::vector<at::Tensor> ref = clones(host);
   const at::Tensor found_host = at::full({}, c.found_inf, at::kFloat);
   const at::Tensor found_ref = found_host.clone();
@@ -946,7 +983,7 @@ TEST(CudaOnHost, CheckFiniteAndUnscaleProductionShape) {
   const size_t big = entries.size() - 1;
   const double nan = std::numeric_limits<double>::quiet_NaN();
   // unscale_ over a list whose last tensor continues into a second launch;
-  // check_finite_ with a NaN in that tensor's last chunk (in the second launch).
+  // check_finite_ with a NaN in that tensor's last 64K elements (in a later launch).
   ScanCase unscale{"production, finite", entries, {}, 1.f / 64, 0.f, 6};
   EXPECT_TRUE(check_scan_case(unscale, kProduction, BlockOrder::kShuffled));
   ScanCase check{"production, NaN in the last chunk", entries, {{big, -2, nan}}, std::nullopt,

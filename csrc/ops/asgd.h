@@ -5,12 +5,14 @@
 #pragma once
 
 #include "asgd_stack.h"
+#include "../utils/dense_views.h"
 #include "../utils/prefetch.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
 #include <optional>
+#include <vector>
 
 namespace torchext {
 
@@ -56,5 +58,45 @@ void check_asgd_entry(const ASGDArgs& a, size_t i, const c10::Device& device,
                       at::ScalarType state_dtype);
 // check_asgd_args, returning what check_asgd_header returned.
 std::optional<ASGDCall> check_asgd_call(const ASGDArgs& a);
+
+// One active entry, checked, as the flat real memory a kernel walks.
+struct ASGDFlatEntry {
+  size_t index;          // in the call's lists
+  at::ScalarType dtype;  // real: a complex tensor is walked as interleaved pairs
+  void* p;
+  void* ax;
+  const void* g;
+  int64_t numel;  // of dtype
+};
+
+// The per-entry pass every kernel with memory (CPU, CUDA) makes: checks each
+// active entry (check_asgd_entry) in the same pass that takes its pointers,
+// and calls visit(entry) for it, in list order. Tensors that can be walked
+// as flat memory (the common case) are used in place, without making views;
+// the others go through DenseTriple temporaries appended to `copies`, which
+// the caller writes back after its kernels ran. Writes nothing, so a kernel
+// that writes only after the pass keeps bad input from changing anything.
+template <typename Visit>
+void for_each_checked_entry(const ASGDArgs& a, const ASGDCall& call,
+                            std::vector<DenseTriple>& copies, Visit&& visit) {
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    prefetch_asgd_ahead(a, i);
+    if (!a.active(i)) continue;
+    check_asgd_entry(a, i, call.device, call.state_dtype);
+    const at::Tensor& p = a.params[i];
+    const at::Tensor& g = a.grads[i];
+    const at::Tensor& ax = a.axs[i];
+    if (is_flat_triple(p, g, ax)) {
+      const at::ScalarType dtype = p.scalar_type();
+      const bool complex = at::isComplexType(dtype);
+      visit(ASGDFlatEntry{i, complex ? c10::toRealValueType(dtype) : dtype, p.data_ptr(),
+                          ax.data_ptr(), g.const_data_ptr(), p.numel() * (complex ? 2 : 1)});
+    } else {
+      const DenseTriple& d = copies.emplace_back(make_dense_triple(p, g, ax));
+      visit(ASGDFlatEntry{i, d.p.scalar_type(), d.p.data_ptr(), d.ax.data_ptr(),
+                          d.g.const_data_ptr(), d.p.numel()});
+    }
+  }
+}
 
 }  // namespace torchext

@@ -4,7 +4,6 @@
 // isa_kernels_impl.h.
 #include "../asgd.h"
 #include "../asgd_registration.h"
-#include "../../utils/dense_views.h"
 #include "chunks.h"
 #include "isa_kernels.h"
 #include "torchext/elementwise_math.h"
@@ -52,13 +51,10 @@ void asgd_cpu_impl(const ASGDArgs& a) {
       unscale ? static_cast<float>(1.0 / read_cpu_scalar(*a.grad_scale)) : 1.0f;
   const double lr = a.lr_on_host();
 
-  // One pass checks each entry and takes its raw pointers (on the calling
-  // thread, not in the workers): with thousands of small tensors the cost is
+  // One pass (on the calling thread, not in the workers) checks each entry
+  // and takes its raw pointers: with thousands of small tensors the cost is
   // bringing each tensor's metadata into cache, so it is done once. Nothing
-  // is written until every entry has been checked (DenseTriple only makes
-  // temporaries). Tensors that can be walked as flat memory (the common
-  // case) are used in place, without making views; the others go through
-  // DenseTriple. Entries without a grad are left out.
+  // is written before the pass is over.
   std::vector<cpu::ASGDSpan> spans;
   std::vector<int64_t> numels;
   std::vector<ScalarSlots> slots;
@@ -66,40 +62,15 @@ void asgd_cpu_impl(const ASGDArgs& a) {
   numels.reserve(n);
   slots.reserve(n);
   std::vector<DenseTriple> copies;  // kept alive until written back
-  for (size_t i = 0; i < n; ++i) {
-    prefetch_asgd_ahead(a, i);
-    if (!a.active(i)) continue;
-    check_asgd_entry(a, i, call->device, call->state_dtype);
-    const at::Tensor& p = a.params[i];
-    const at::Tensor& g = a.grads[i];
-    const at::Tensor& ax = a.axs[i];
-    void *pp, *pax;
-    const void* pg;
-    at::ScalarType dtype = p.scalar_type();
-    int64_t numel = p.numel();
-    if (is_flat_triple(p, g, ax)) {
-      pp = p.data_ptr();
-      pax = ax.data_ptr();
-      pg = g.const_data_ptr();
-      if (at::isComplexType(dtype)) {  // complex as interleaved real pairs
-        dtype = c10::toRealValueType(dtype);
-        numel *= 2;
-      }
-    } else {
-      DenseTriple& d = copies.emplace_back(make_dense_triple(p, g, ax));
-      pp = d.p.data_ptr();
-      pax = d.ax.data_ptr();
-      pg = d.g.const_data_ptr();
-      dtype = d.p.scalar_type();
-      numel = d.p.numel();
-    }
-    const ScalarSlots& slot = slots.emplace_back(ScalarSlots{a.step_ptr(i), a.eta_ptr(i), a.mu_ptr(i)});
+  for_each_checked_entry(a, *call, copies, [&](const ASGDFlatEntry& e) {
+    const ScalarSlots& slot =
+        slots.emplace_back(ScalarSlots{a.step_ptr(e.index), a.eta_ptr(e.index), a.mu_ptr(e.index)});
     const double eta = state_is_double ? load<double>(slot.eta) : load<float>(slot.eta);
     const double mu = state_is_double ? load<double>(slot.mu) : load<float>(slot.mu);
-    spans.push_back({dtype, pp, pax, pg, numel, eta, mu, a.lambd, a.weight_decay, a.maximize,
-                     unscale, inv_scale});
-    numels.push_back(numel);
-  }
+    spans.push_back({e.dtype, e.p, e.ax, e.g, e.numel, eta, mu, a.lambd, a.weight_decay,
+                     a.maximize, unscale, inv_scale});
+    numels.push_back(e.numel);
+  });
   if (a.found_inf.has_value() && read_cpu_scalar(*a.found_inf) != 0.0) {
     return;  // overflow this iteration: the whole step is a no-op
   }

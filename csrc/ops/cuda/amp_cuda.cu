@@ -1,8 +1,8 @@
 // CUDA kernels of the AMP ops (check_finite_, unscale_, update_scale_): the
-// plans and kernel bodies are csrc/ops/cuda/kernels/amp.h (run on the CPU by the host
+// plans and kernel bodies are csrc/ops/cuda/kernels/amp_kernels.h (run on the CPU by the host
 // runner's tests too); this file only launches them, on the current stream,
 // with no host sync.
-#include "kernels/amp.h"
+#include "kernels/amp_kernels.h"
 #include "launch.cuh"
 
 #include <torch/library.h>

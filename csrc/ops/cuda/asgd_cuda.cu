@@ -1,8 +1,8 @@
 // CUDA kernel of torchext::asgd_: the plan and the kernel bodies are
-// csrc/ops/cuda/kernels/asgd.h (run on the CPU by the host runner's tests too); this
+// csrc/ops/cuda/kernels/asgd_kernels.h (run on the CPU by the host runner's tests too); this
 // file only launches them, on the current stream, with no host sync.
 #include "../asgd_registration.h"
-#include "kernels/asgd.h"
+#include "kernels/asgd_kernels.h"
 #include "launch.cuh"
 
 #include <torch/library.h>

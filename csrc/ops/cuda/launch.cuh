@@ -26,8 +26,6 @@ __global__ void __launch_bounds__(kernels::kBlockSize) body_kernel(Args... args)
 
 class CudaExecutor {
  public:
-  static constexpr kernels::PlantedBug kPlantedBug = kernels::PlantedBug::kNone;
-
   // Called by the plan once it knows the device (after validation).
   void enter(const c10::Device& device) {
     device_ = device;

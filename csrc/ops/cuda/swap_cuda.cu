@@ -1,7 +1,7 @@
-// CUDA kernels of swap_: the plan and kernel bodies are csrc/ops/cuda/kernels/swap.h
+// CUDA kernels of swap_: the plan and kernel bodies are csrc/ops/cuda/kernels/swap_kernels.h
 // (run on the CPU by the host runner's tests too); this file only launches
 // them, on the current stream, with no host sync and no scratch memory.
-#include "kernels/swap.h"
+#include "kernels/swap_kernels.h"
 #include "launch.cuh"
 
 #include <torch/library.h>

@@ -1,5 +1,5 @@
-// The host runner: an executor for the launch plans of asgd.h, amp.h and
-// swap.h that runs every launch on the CPU, calling the kernel body for
+// The host runner: an executor for the launch plans of asgd_kernels.h, amp_kernels.h and
+// swap_kernels.h that runs every launch on the CPU, calling the kernel body for
 // every block and every thread the launch has, with host memory standing in
 // for device memory. It needs no CUDA toolkit. CUDA guarantees no order
 // among blocks (nor among the threads of a block), so the runner takes one:
@@ -32,6 +32,16 @@ namespace kernels {
 
 enum class BlockOrder { kForward, kReverse, kShuffled };
 
+// Planner mistakes the runner plants on purpose, by editing a launch's
+// metadata before running it, so that its tests can show that their
+// comparisons catch them. The shipped planner and the CUDA executor know
+// nothing of them.
+enum class PlantedBug {
+  kNone,
+  kContinuationSkipsChunk,  // a tensor continued in the next launch loses a chunk
+  kWrongSlot,               // the last tensor slot of a full launch points at the one before
+};
+
 struct RunCounts {
   int64_t launches = 0, blocks = 0, threads = 0, elements = 0;
 };
@@ -39,8 +49,6 @@ struct RunCounts {
 template <PlantedBug Bug = PlantedBug::kNone>
 class HostRunner {
  public:
-  static constexpr PlantedBug kPlantedBug = Bug;
-
   struct Options {
     LaunchLimits limits{};
     BlockOrder order = BlockOrder::kForward;
@@ -76,7 +84,11 @@ class HostRunner {
     TORCH_CHECK(threads >= 1 && threads <= 1024, "host runner: ", Body::kName,
                 " launched with ", threads, " threads per block");
     // Kernel arguments are copies.
-    const std::tuple<Args...> params(args...);
+    std::tuple<Args...> params(args...);
+    if constexpr (Bug != PlantedBug::kNone) {
+      std::apply([&](auto&... a) { (plant(a, blocks), ...); }, params);
+      if (blocks == 0) return;
+    }
     std::vector<unsigned> block_ids(blocks), thread_ids(threads);
     std::iota(block_ids.begin(), block_ids.end(), 0u);
     std::iota(thread_ids.begin(), thread_ids.end(), 0u);
@@ -109,6 +121,31 @@ class HostRunner {
   const std::map<std::string, RunCounts>& counts() const { return counts_; }
 
  private:
+  // ---- planted bugs ----
+  template <typename T>
+  void plant(T&, unsigned&) const {}
+  template <int Depth, int MaxTensors>
+  void plant(TensorListMeta<Depth, MaxTensors>& meta, unsigned& nblocks) const {
+    if constexpr (Bug == PlantedBug::kWrongSlot) {
+      // The planner's slot limit for this metadata (multi_tensor_apply).
+      const int max_tensors = opt_.limits.max_tensors > 0
+                                  ? std::min(opt_.limits.max_tensors, MaxTensors)
+                                  : MaxTensors;
+      if (max_tensors < 2) return;
+      for (unsigned b = 0; b < nblocks; ++b) {
+        if (meta.block_tensor[b] == max_tensors - 1) meta.block_tensor[b] = max_tensors - 2;
+      }
+    } else if constexpr (Bug == PlantedBug::kContinuationSkipsChunk) {
+      if (nblocks == 0 || meta.block_chunk[0] == 0) return;  // not a continuation
+      // Its first chunk is lost: the blocks after it move down one.
+      for (unsigned b = 1; b < nblocks; ++b) {
+        meta.block_tensor[b - 1] = meta.block_tensor[b];
+        meta.block_chunk[b - 1] = meta.block_chunk[b];
+      }
+      --nblocks;
+    }
+  }
+
   Options opt_{};
   std::mt19937_64 rng_{0};
   std::string op_;

@@ -16,7 +16,6 @@
 
 #include "../../asgd.h"
 #include "../../../utils/cpu_scalars.h"
-#include "../../../utils/dense_views.h"
 #include "multi_tensor_apply.h"
 #include "torchext/elementwise_math.h"
 
@@ -148,12 +147,6 @@ struct ASGDSchedulePacked {
 
 // ---- host side ------------------------------------------------------------
 
-// Entry i takes no part in the step (nothing of it is read or written, its
-// schedule does not advance) when it has no grad.
-struct SkipWithoutGrad {
-  bool operator()(const ASGDArgs& a, size_t i) const { return !a.active(i); }
-};
-
 // The schedule's lr, the one place that reads ASGDArgs' lr: a value the host
 // reads where that costs no device sync, else a pointer the kernel loads.
 struct ScheduleLr {
@@ -178,10 +171,10 @@ ScheduleLr schedule_lr(const ASGDArgs& a, const Exec& exec) {
 }
 
 // asgd_ through `exec`. Each entry is checked in the same pass that reads its
-// pointers (see check_asgd_args); nothing is launched or written before the
-// last one was (DenseTriple only makes temporaries).
-template <typename Exec, typename Skip = SkipWithoutGrad>
-void asgd_launch(const ASGDArgs& a, Exec& exec, const Skip& skip = {}) {
+// pointers (for_each_checked_entry); nothing is launched or written before
+// the last one was.
+template <typename Exec>
+void asgd_launch(const ASGDArgs& a, Exec& exec) {
   const auto call = check_asgd_header(a);
   if (!call) return;  // no param has a grad
   const size_t n = a.params.size();
@@ -199,47 +192,27 @@ void asgd_launch(const ASGDArgs& a, Exec& exec, const Skip& skip = {}) {
   kargs.state_is_double = state_dtype == at::kDouble;
 
   // Entries grouped by (real) dtype: one launch series per group. Few dtypes
-  // ever occur, so a linear search beats a map. Tensors that can be walked
-  // as flat memory are used in place; the others go through DenseTriple
-  // temporaries, written back after the launches.
+  // ever occur, so a linear search beats a map.
   std::vector<std::pair<at::ScalarType, std::vector<TensorEntry<6>>>> groups;
-  std::vector<DenseTriple> copies;
+  std::vector<DenseTriple> copies;  // written back after the launches
   int32_t nsteps = 0;  // entries that step (their schedule-table rows)
-  for (size_t i = 0; i < n; ++i) {
-    prefetch_asgd_ahead(a, i);
-    if (skip(a, i)) continue;
-    check_asgd_entry(a, i, device, state_dtype);
-    const at::Tensor& p = a.params[i];
-    const at::Tensor& g = a.grads[i];
-    const at::Tensor& ax = a.axs[i];
-    TensorEntry<6> e{{nullptr, nullptr, nullptr, a.eta_ptr(i), a.mu_ptr(i), a.step_ptr(i)},
-                     p.numel(), nsteps++};
-    at::ScalarType dtype = p.scalar_type();
-    if (is_flat_triple(p, g, ax)) {
-      e.ptrs[kP] = p.data_ptr();
-      e.ptrs[kG] = const_cast<void*>(g.const_data_ptr());
-      e.ptrs[kAx] = ax.data_ptr();
-      if (at::isComplexType(dtype)) {  // complex as interleaved real pairs
-        dtype = c10::toRealValueType(dtype);
-        e.numel *= 2;
-      }
-    } else {
-      DenseTriple& d = copies.emplace_back(make_dense_triple(p, g, ax));
-      e.ptrs[kP] = d.p.data_ptr();
-      e.ptrs[kG] = const_cast<void*>(d.g.const_data_ptr());
-      e.ptrs[kAx] = d.ax.data_ptr();
-      dtype = d.p.scalar_type();
-      e.numel = d.p.numel();
-    }
+  for_each_checked_entry(a, *call, copies, [&](const ASGDFlatEntry& e) {
+    TensorEntry<6> entry{{}, e.numel, nsteps++};
+    entry.ptrs[kP] = e.p;
+    entry.ptrs[kAx] = e.ax;
+    entry.ptrs[kG] = const_cast<void*>(e.g);
+    entry.ptrs[kEta] = a.eta_ptr(e.index);
+    entry.ptrs[kMu] = a.mu_ptr(e.index);
+    entry.ptrs[kStep] = a.step_ptr(e.index);
     auto it = std::find_if(groups.begin(), groups.end(),
-                           [&](const auto& grp) { return grp.first == dtype; });
+                           [&](const auto& grp) { return grp.first == e.dtype; });
     if (it == groups.end()) {
-      groups.emplace_back(dtype, std::vector<TensorEntry<6>>{});
+      groups.emplace_back(e.dtype, std::vector<TensorEntry<6>>{});
       it = std::prev(groups.end());
       it->second.reserve(n);
     }
-    it->second.push_back(e);
-  }
+    it->second.push_back(entry);
+  });
   if (nsteps == 0) return;
 
   // Packed state where every entry steps: the schedule walks the arrays.
@@ -254,7 +227,7 @@ void asgd_launch(const ASGDArgs& a, Exec& exec, const Skip& skip = {}) {
   const EmptyTensors empty = packed_direct ? EmptyTensors::kSkip : EmptyTensors::kOneBlock;
   for (auto& [dtype, entries] : groups) {
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "asgd_launch", [&] {
-      multi_tensor_apply<ASGDMeta, Exec::kPlantedBug>(
+      multi_tensor_apply<ASGDMeta>(
           entries, limits, empty, [&](const ASGDMeta& meta, int nblocks) {
             exec.template launch<ASGDElementwise<scalar_t>>(static_cast<unsigned>(nblocks),
                                                             limits.block_size, meta, kargs);

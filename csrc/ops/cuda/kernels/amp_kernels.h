@@ -1,6 +1,6 @@
 // The AMP ops on an accelerator (check_finite_, unscale_, update_scale_):
 // kernel bodies (C10_HOST_DEVICE) and the host-side plan, a template over
-// the executor like asgd.h (csrc/ops/cuda/amp_cuda.cu, host_runner.h).
+// the executor like asgd_kernels.h (csrc/ops/cuda/amp_cuda.cu, host_runner.h).
 #pragma once
 
 #include "../../amp.h"
@@ -104,7 +104,7 @@ void scan_launch(at::TensorList tensors, const at::Tensor& found_inf, const floa
   float* found = found_inf.data_ptr<float>();
   for (auto& [dtype, entries] : groups) {
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "scan_launch", [&] {
-      multi_tensor_apply<ScanMeta, Exec::kPlantedBug>(
+      multi_tensor_apply<ScanMeta>(
           entries, limits, EmptyTensors::kSkip, [&](const ScanMeta& meta, int nblocks) {
             exec.template launch<ScanBody<scalar_t>>(static_cast<unsigned>(nblocks),
                                                      limits.block_size, meta, found, inv_scale);

@@ -1,5 +1,5 @@
 // swap_ on an accelerator: kernel bodies (C10_HOST_DEVICE) and the host-side
-// plan, a template over the executor like asgd.h (csrc/ops/cuda/swap_cuda.cu,
+// plan, a template over the executor like asgd_kernels.h (csrc/ops/cuda/swap_cuda.cu,
 // host_runner.h). Elements are moved as raw words of their size, so every
 // dtype (complex included) is swapped bit for bit; no scratch memory.
 #pragma once
@@ -127,7 +127,7 @@ void swap_launch(at::TensorList tensors, at::TensorList others, Exec& exec) {
   for (auto& [size, entries] : by_size) {
     with_word_type(size, [&](auto word) {
       using word_t = decltype(word);
-      multi_tensor_apply<SwapMeta, Exec::kPlantedBug>(
+      multi_tensor_apply<SwapMeta>(
           entries, limits, EmptyTensors::kSkip, [&](const SwapMeta& meta, int nblocks) {
             exec.template launch<SwapFlatBody<word_t>>(static_cast<unsigned>(nblocks),
                                                        limits.block_size, meta);
