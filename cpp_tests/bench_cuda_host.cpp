@@ -2,7 +2,7 @@
 // kernel's own plan (csrc/ops/cuda/kernels/asgd_kernels.h) through an executor that
 // launches nothing, over CPU tensors standing in for device ones. What is
 // timed is everything the CUDA kernel does on the host per step but the
-// launches themselves: decoding the dispatcher's stack, the header and
+// launches themselves: reading the dispatcher's lists (ASGDArgs), the header and
 // per-entry checks, reading each entry's pointers, grouping, building the
 // launch metadata (every launch's TensorListMeta, as it would be copied into
 // the kernel's parameters) and the schedule table's allocation.
@@ -10,7 +10,7 @@
 //   torchext_cuda_host_bench [--quick]
 //
 // Prints, per shape and state layout, microseconds per tensor for: the
-// decode, the checks alone (check_asgd_args), and the whole plan; the plan
+// arguments (ASGDArgs over the lists, as the typed kernel makes them), the checks alone (check_asgd_args), and the whole plan; the plan
 // minus the checks is the pointer reading, grouping and metadata. Timing is
 // information, not a test: ctest runs it with --quick only to keep it built
 // and working.
@@ -57,13 +57,6 @@ struct NoLaunchExecutor {
   }
 };
 
-c10::IValue list_ivalue(const std::vector<at::Tensor>& ts) {
-  c10::List<at::Tensor> l;
-  l.reserve(ts.size());
-  for (const auto& t : ts) l.push_back(t);
-  return c10::IValue(l);
-}
-
 double median_us(const std::function<void()>& fn, int reps) {
   std::vector<double> t;
   for (int r = 0; r < reps; ++r) {
@@ -90,31 +83,33 @@ void run(int64_t n, int64_t numel, bool packed, int reps) {
   }
   const at::Tensor pm = at::ones({n}), pe = at::full({n}, 0.01), ps = at::zeros({n});
   const at::Tensor lr = at::full({}, 0.01);
-  torchext::ASGDHyperparams h;
-  h.lambd = 1e-4;
-  h.alpha = 0.75;
-  h.t0 = 0.0;
-  const auto& op = torchext::asgd_op(packed ? torchext::ASGDState::kPacked
-                                            : torchext::ASGDState::kLists);
-  torch::jit::Stack stack;
-  if (packed) {
-    torchext::push_asgd_args(stack, list_ivalue(p), list_ivalue(g), list_ivalue(ax), pm, pe, ps,
-                             lr, h, std::nullopt, std::nullopt);
-  } else {
-    torchext::push_asgd_args(stack, list_ivalue(p), list_ivalue(g), list_ivalue(ax),
-                             list_ivalue(mus), list_ivalue(etas), list_ivalue(steps), lr, h,
-                             std::nullopt, std::nullopt);
-  }
+  const torchext::ASGDHyperparams h{1e-4, 0.75, 0.0, 0.0, false};
+  using torchext::TensorListArg;
+  const TensorListArg lp(p), lg(g), lax(ax), lmus(mus), letas(etas), lsteps(steps);
+  // What the typed kernel does with the dispatcher's lists (asgd_registration.h).
+  const auto args = [&] {
+    torchext::ASGDArgs a = torchext::asgd_args(lp, lg, lax, lr, h, std::nullopt, std::nullopt);
+    if (packed) {
+      a.packed_mus = pm;
+      a.packed_etas = pe;
+      a.packed_steps = ps;
+    } else {
+      a.mus = torchext::TensorRefs(lmus);
+      a.etas = torchext::TensorRefs(letas);
+      a.steps = torchext::TensorRefs(lsteps);
+    }
+    return a;
+  };
   NoLaunchExecutor exec;
-  const double decode = median_us([&] { (void)torchext::asgd_args_from_stack(op, stack); }, reps);
-  const torchext::ASGDArgs a = torchext::asgd_args_from_stack(op, stack);
+  const double args_us = median_us([&] { (void)args(); }, reps);
+  const torchext::ASGDArgs a = args();
   const double checks = median_us([&] { torchext::check_asgd_args(a); }, reps);
   const double plan = median_us([&] { k::asgd_launch(a, exec); }, reps);
   const double per = 1.0 / static_cast<double>(n);
   std::printf("| %6lld x %-8lld | %-6s | %8.3f | %8.3f | %8.3f | %8.3f | %8lld |\n",
               static_cast<long long>(n), static_cast<long long>(numel),
-              packed ? "packed" : "lists", decode * per, checks * per, (plan - checks) * per,
-              (decode + plan) * per, static_cast<long long>(exec.launches / (reps + 0)));
+              packed ? "packed" : "lists", args_us * per, checks * per, (plan - checks) * per,
+              (args_us + plan) * per, static_cast<long long>(exec.launches / (reps + 0)));
 }
 
 }  // namespace
@@ -125,7 +120,7 @@ int main(int argc, char** argv) {
   const int reps = quick ? 3 : 51;
   std::printf("The CUDA asgd_ step's host side, no launches (us per tensor, median of %d)\n",
               reps);
-  std::printf("| tensors x numel   | state  | decode   | checks   | plan-chk | total    | launches |\n");
+  std::printf("| tensors x numel   | state  | args     | checks   | plan-chk | total    | launches |\n");
   std::printf("|-------------------|--------|----------|----------|----------|----------|----------|\n");
   const std::vector<std::pair<int64_t, int64_t>> shapes =
       quick ? std::vector<std::pair<int64_t, int64_t>>{{100, 10}}

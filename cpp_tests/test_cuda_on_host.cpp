@@ -235,12 +235,6 @@ std::vector<at::Tensor> clones(const std::vector<at::Tensor>& ts) {
   return out;
 }
 
-c10::IValue list_ivalue(const std::vector<at::Tensor>& ts) {
-  c10::List<at::Tensor> l;
-  for (const auto& t : ts) l.push_back(t);
-  return c10::IValue(l);
-}
-
 const at::ScalarType kParamDtypes[] = {at::kFloat, at::kDouble, at::kHalf,
                                        at::kBFloat16, at::kComplexFloat, at::kComplexDouble};
 
@@ -355,32 +349,53 @@ ASGDTensors make_asgd_tensors(const ASGDCase& c, Arena& arena) {
   return t;
 }
 
-const c10::OperatorHandle& asgd_overload(bool packed, bool /*tensor_lr*/) {
-  return torchext::asgd_op(packed ? torchext::ASGDState::kPacked : torchext::ASGDState::kLists);
+torchext::ASGDHyperparams hyper_of(const ASGDCase& c) {
+  return {c.lambd, c.alpha, c.t0, c.weight_decay, c.maximize};
 }
 
-// The arguments as the dispatcher hands them to a boxed kernel.
-torch::jit::Stack asgd_stack(const ASGDCase& c, const ASGDTensors& t) {
-  torch::jit::Stack s;
-  torchext::ASGDHyperparams h;
-  h.lambd = c.lambd;
-  h.alpha = c.alpha;
-  h.t0 = c.t0;
-  h.weight_decay = c.weight_decay;
-  h.maximize = c.maximize;
-  const auto opt = [](const at::Tensor& x) {
-    return x.defined() ? std::optional<at::Tensor>(x) : std::nullopt;
-  };
+std::optional<at::Tensor> opt(const at::Tensor& x) {
+  return x.defined() ? std::optional<at::Tensor>(x) : std::nullopt;
+}
+
+// One asgd_ call through the dispatcher, as Python makes it.
+void call_asgd(const ASGDCase& c, const ASGDTensors& t) {
+  using torchext::TensorListArg;
+  const auto h = hyper_of(c);
   if (c.packed) {
-    torchext::push_asgd_args(s, list_ivalue(t.params), list_ivalue(t.grads), list_ivalue(t.axs),
-                             t.packed_mus, t.packed_etas, t.packed_steps, t.lr, h,
-                             opt(t.grad_scale), opt(t.found_inf));
+    torchext::asgd_packed_op().call(TensorListArg(t.params), TensorListArg(t.grads),
+                                    TensorListArg(t.axs), t.packed_mus, t.packed_etas,
+                                    t.packed_steps, t.lr, h.lambd, h.alpha, h.t0,
+                                    h.weight_decay, h.maximize, opt(t.grad_scale),
+                                    opt(t.found_inf));
   } else {
-    torchext::push_asgd_args(s, list_ivalue(t.params), list_ivalue(t.grads), list_ivalue(t.axs),
-                             list_ivalue(t.mus), list_ivalue(t.etas), list_ivalue(t.steps), t.lr,
-                             h, opt(t.grad_scale), opt(t.found_inf));
+    torchext::asgd_lists_op().call(TensorListArg(t.params), TensorListArg(t.grads),
+                                   TensorListArg(t.axs), TensorListArg(t.mus),
+                                   TensorListArg(t.etas), TensorListArg(t.steps), t.lr, h.lambd,
+                                   h.alpha, h.t0, h.weight_decay, h.maximize, opt(t.grad_scale),
+                                   opt(t.found_inf));
   }
-  return s;
+}
+
+// The same call's arguments as the kernels read them.
+torchext::ASGDArgs host_args(const ASGDCase& c, const ASGDTensors& t) {
+  torchext::ASGDArgs a;
+  static_cast<torchext::ASGDHyperparams&>(a) = hyper_of(c);
+  a.params = torchext::TensorRefs(at::TensorList(t.params));
+  a.grads = torchext::TensorRefs(at::TensorList(t.grads));
+  a.axs = torchext::TensorRefs(at::TensorList(t.axs));
+  if (c.packed) {
+    a.packed_mus = t.packed_mus;
+    a.packed_etas = t.packed_etas;
+    a.packed_steps = t.packed_steps;
+  } else {
+    a.mus = torchext::TensorRefs(at::TensorList(t.mus));
+    a.etas = torchext::TensorRefs(at::TensorList(t.etas));
+    a.steps = torchext::TensorRefs(at::TensorList(t.steps));
+  }
+  a.lr = t.lr;
+  a.grad_scale = opt(t.grad_scale);
+  a.found_inf = opt(t.found_inf);
+  return a;
 }
 
 // The reference: the CPU kernel through the dispatcher. Skipped entries are
@@ -389,8 +404,7 @@ void run_reference(const ASGDCase& c, ASGDTensors& t) {
   const bool any_skip = std::find(c.skip.begin(), c.skip.end(), true) != c.skip.end();
   for (int s = 0; s < c.steps; ++s) {
     if (!any_skip) {
-      auto stack = asgd_stack(c, t);
-      asgd_overload(c.packed, c.tensor_lr).callBoxed(&stack);
+      call_asgd(c, t);
       continue;
     }
     ASGDCase sub = c;
@@ -409,8 +423,7 @@ void run_reference(const ASGDCase& c, ASGDTensors& t) {
       kept.steps.push_back(c.packed ? t.packed_steps[i] : t.steps[i]);
     }
     if (kept.params.empty()) continue;
-    auto stack = asgd_stack(sub, kept);
-    asgd_overload(false, c.tensor_lr).callBoxed(&stack);
+    call_asgd(sub, kept);
   }
 }
 
@@ -423,10 +436,7 @@ void run_on_host(const ASGDCase& c, ASGDTensors& t, Runner& runner) {
     for (size_t i = 0; i < c.skip.size(); ++i) {
       if (c.skip[i]) with_skips.grads[i] = at::Tensor();
     }
-    const auto stack = asgd_stack(c, with_skips);
-    const torchext::ASGDArgs a =
-        torchext::asgd_args_from_stack(asgd_overload(c.packed, c.tensor_lr), stack);
-    torchext::kernels::asgd_launch(a, runner);
+    torchext::kernels::asgd_launch(host_args(c, with_skips), runner);
   }
 }
 
@@ -1156,8 +1166,7 @@ TEST(CudaDevice, AsgdMatchesCpuKernelsBitForBit) {
     if (c.tensor_lr && seed % 2) gpu.lr = cpu.lr.clone();  // a CPU lr with CUDA params
     run_reference(c, cpu);
     for (int s = 0; s < c.steps; ++s) {
-      auto stack = asgd_stack(c, gpu);
-      asgd_overload(c.packed, c.tensor_lr).callBoxed(&stack);
+      call_asgd(c, gpu);
     }
     EXPECT_TRUE(same_asgd_results(c, gpu.to(at::kCPU), cpu)) << c.describe();
   }

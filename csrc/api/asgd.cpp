@@ -64,12 +64,11 @@ struct DeviceCall {
 
   // One asgd_ call through the dispatcher, as Python makes it.
   void run(const ASGDOptions& o, const at::Tensor& lr) const {
-    torch::jit::Stack stack;
-    push_asgd_args(stack, c10::List<at::Tensor>(params), c10::List<at::Tensor>(grads),
-                   c10::List<at::Tensor>(axs),
-                   c10::List<at::Tensor>(mus), c10::List<at::Tensor>(etas),
-                   c10::List<at::Tensor>(steps), lr, hyper(o), grad_scale, found_inf);
-    asgd_op(ASGDState::kLists).callBoxed(&stack);
+    const ASGDHyperparams h = hyper(o);
+    asgd_lists_op().call(TensorListArg(params), TensorListArg(grads), TensorListArg(axs),
+                         TensorListArg(mus), TensorListArg(etas), TensorListArg(steps), lr,
+                         h.lambd, h.alpha, h.t0, h.weight_decay, h.maximize, grad_scale,
+                         found_inf);
   }
 };
 

@@ -6,16 +6,17 @@
 // of it was Python handing lists to the dispatcher, each tensor converted on
 // its own. The optimizer owns its state from creation (step/eta/mu packed in
 // one 1-D tensor each, the state entries views of their elements); the
-// holder keeps the params, their axs and the packed tensors boxed once, and
+// holder keeps the params, their axs and the packed tensors as the op takes them, and
 // a step only reads each param's .grad here and calls torchext::asgd_.packed
 // through the dispatcher, so validation, kernels and autograd bookkeeping
 // are exactly those of a call from Python. It has no rules of its own: the
 // optimizer (torchext/optim/_state.py) makes a new holder whenever it
 // rebuilds the slot group, and never uses one while torch.compile traces.
-#include "../ops/asgd_stack.h"
+#include "../ops/asgd_args.h"
 #include "../utils/prefetch.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
@@ -27,13 +28,12 @@ namespace {
 
 struct ASGDHolder : torch::CustomClassHolder {
   std::vector<at::Tensor> param_vec;  // the params, read for their .grad
-  // Boxed once (what the dispatcher passes to the boxed kernels): a call
-  // pushes each list as one IValue, so no held tensor is converted or
-  // refcounted per step; only grads are refilled.
+  // Made once, as the op's typed kernels take them (c10::List, passed by
+  // reference): no held tensor is converted or refcounted per step; only
+  // grads are refilled.
   c10::List<at::Tensor> params, axs;  // axs[i] undefined: params[i] has no state yet
   c10::List<at::Tensor> grads;  // undefined where a param has no grad: left alone
   at::Tensor mus, etas, steps;  // packed: element i belongs to params[i]
-  torch::jit::Stack stack;
 
   ASGDHolder(std::vector<at::Tensor> params_, std::vector<std::optional<at::Tensor>> axs_,
              at::Tensor mus_, at::Tensor etas_, at::Tensor steps_)
@@ -80,38 +80,34 @@ struct ASGDHolder : torch::CustomClassHolder {
   // Between calls (also after one that raised) the holder holds no grad.
   struct HoldNothing {
     ASGDHolder* holder;
-    ~HoldNothing() {
-      holder->stack.clear();
-      holder->grads.clear();
-    }
+    ~HoldNothing() { holder->grads.clear(); }
   };
 
   // One step of asgd_.packed over the held lists with every param's current
-  // .grad. `hyper`: the op's hyperparameters in the order of its argument
-  // table (ops/asgd_schema.h). validate_only: the op's Meta kernel (its
-  // validation alone, which writes nothing) on the real tensors. Returns the
-  // indices of params that have a grad but no state yet, having done
-  // nothing, when there are some (the optimizer creates their state, then
-  // calls again); an empty list when the call ran.
+  // .grad. `hyper`: the op's hyperparameters in schema order (lambd, alpha,
+  // t0, weight_decay, maximize; Python's _op.hyper_list).
+  // validate_only: the op's Meta kernel (its validation alone, which writes
+  // nothing) on the real tensors. Returns the indices of params that have a
+  // grad but no state yet, having done nothing, when there are some (the
+  // optimizer creates their state, then calls again); an empty list when
+  // the call ran.
   std::vector<int64_t> run(bool validate_only, const at::Tensor& lr, const std::vector<double>& hyper,
                            const std::optional<at::Tensor>& grad_scale,
                            const std::optional<at::Tensor>& found_inf) {
     const HoldNothing after{this};
     auto missing = gather_grads();
     if (!missing.empty()) return missing;
-    ASGDHyperparams h;
-    size_t k = 0;
-    TORCH_CHECK(hyper.size() == kNumHyper, "ASGDHolder.run: expected ", kNumHyper,
-                " hyperparameters, got ", hyper.size());
-#define TORCHEXT_ASGD_FROM_LIST(name, type, schema_type) h.name = static_cast<type>(hyper[k++]);
-    TORCHEXT_ASGD_HYPERPARAMS(TORCHEXT_ASGD_FROM_LIST)
-#undef TORCHEXT_ASGD_FROM_LIST
-    push_asgd_args(stack, params, grads, axs, mus, etas, steps, lr, h, grad_scale, found_inf);
-    const c10::OperatorHandle& op = asgd_op(ASGDState::kPacked);
+    TORCH_CHECK(hyper.size() == 5, "ASGDHolder.run: expected 5 hyperparameters, got ",
+                hyper.size());
+    const ASGDHyperparams h{hyper[0], hyper[1], hyper[2], hyper[3], hyper[4] != 0.0};
+    const auto& op = asgd_packed_op();
     if (validate_only) {
-      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &stack);
+      op.redispatch(c10::DispatchKeySet(c10::DispatchKey::Meta), params, grads, axs, mus, etas,
+                    steps, lr, h.lambd, h.alpha, h.t0, h.weight_decay, h.maximize, grad_scale,
+                    found_inf);
     } else {
-      op.callBoxed(&stack);
+      op.call(params, grads, axs, mus, etas, steps, lr, h.lambd, h.alpha, h.t0, h.weight_decay,
+              h.maximize, grad_scale, found_inf);
     }
     return {};
   }
@@ -128,15 +124,10 @@ struct ASGDHolder : torch::CustomClassHolder {
     }
     static const auto op =
         c10::Dispatcher::singleton().findSchemaOrThrow("torchext::check_finite_", "");
+    torch::jit::Stack stack;
     torch::jit::push(stack, std::move(present), found_inf);
     op.callBoxed(&stack);
   }
-
-  static constexpr size_t kNumHyper = 0
-#define TORCHEXT_ASGD_COUNT(name, type, schema_type) +1
-      TORCHEXT_ASGD_HYPERPARAMS(TORCHEXT_ASGD_COUNT)
-#undef TORCHEXT_ASGD_COUNT
-      ;
 };
 
 }  // namespace

@@ -1,10 +1,10 @@
 // Validation of torchext::asgd_: what every kernel (CPU, CUDA, Meta) runs
 // before it touches anything, so bad input fails with the same message on
-// every device and at trace time. The arguments are named in one table
-// (asgd_schema.h) and read as ASGDArgs (asgd_stack.h).
+// every device and at trace time. The kernels read their arguments as
+// ASGDArgs (asgd_args.h).
 #pragma once
 
-#include "asgd_stack.h"
+#include "asgd_args.h"
 #include "../utils/dense_views.h"
 #include "../utils/prefetch.h"
 

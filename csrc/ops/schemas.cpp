@@ -15,8 +15,6 @@
 // (AliasAnalysisKind::CONSERVATIVE would also keep it, but TorchScript
 // refuses it for a schema with alias annotations.) tests/compile/test_torchscript.py
 // checks every op with a mutated list.
-#include "asgd_schema.h"
-
 #include <torch/library.h>
 
 TORCH_LIBRARY(torchext, m) {
@@ -28,20 +26,24 @@ TORCH_LIBRARY(torchext, m) {
   // params' device it is read there (a changing lr neither syncs nor
   // recompiles). C++ callers may put an undefined tensor in grads: that
   // entry is left alone, as torch.optim leaves params without grads (the
-  // optimizer's C++ holder steps a whole group so). The schema is generated
-  // from the one argument table in asgd_schema.h:
-  //   asgd_(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs,
-  //         Tensor(c! -> *)[] mus, Tensor(d! -> *)[] etas, Tensor(e! -> *)[] steps, *,
-  //         Tensor lr, float lambd, float alpha, float t0, float weight_decay,
-  //         bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None) -> ()
-  m.def(torchext::asgd_schema(torchext::ASGDState::kLists).c_str());
+  // optimizer's C++ holder steps a whole group so). The kernels' typed
+  // signatures are ASGDListsFn / ASGDPackedFn (asgd_args.h).
+  m.def(
+      "asgd_(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, "
+      "Tensor(c! -> *)[] mus, Tensor(d! -> *)[] etas, Tensor(e! -> *)[] steps, *, "
+      "Tensor lr, float lambd, float alpha, float t0, float weight_decay, bool maximize, "
+      "Tensor? grad_scale=None, Tensor? found_inf=None) -> ()");
   // The same with the schedule state packed: mus, etas and steps are each
   // one 1-D tensor whose element i belongs to params[i] (what
   // torchext.optim.ASGD keeps: its state entries are views of these). Per
   // tensor the op then reads and writes three array elements instead of
   // three 0-d tensors, the largest per-tensor cost left in a step of
   // thousands of small tensors.
-  m.def(torchext::asgd_schema(torchext::ASGDState::kPacked).c_str());
+  m.def(
+      "asgd_.packed(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, "
+      "Tensor(c!) mus, Tensor(d!) etas, Tensor(e!) steps, *, "
+      "Tensor lr, float lambd, float alpha, float t0, float weight_decay, bool maximize, "
+      "Tensor? grad_scale=None, Tensor? found_inf=None) -> ()");
   // Read-only inf/NaN check: sets found_inf to 1 if any element is not finite.
   m.def("check_finite_(Tensor[] tensors, Tensor(a!) found_inf) -> ()");
   // tensors *= inv_scale, and found_inf = 1 if any input element is not

@@ -7,10 +7,10 @@ TensorRefs::TensorRefs(at::TensorList ts) {
   for (const at::Tensor& t : ts) ptrs_.push_back(&t);
 }
 
-TensorRefs::TensorRefs(c10::ArrayRef<c10::IValue> vs) {
-  static const at::Tensor kUndefined;
-  ptrs_.reserve(vs.size());
-  for (const c10::IValue& v : vs) ptrs_.push_back(v.isTensor() ? &v.toTensor() : &kUndefined);
+TensorRefs::TensorRefs(const c10::List<at::Tensor>& ts) {
+  ptrs_.reserve(ts.size());
+  // Each element converts to a reference to the tensor its IValue holds.
+  for (const auto& t : ts) ptrs_.push_back(&static_cast<const at::Tensor&>(t));
 }
 
 }  // namespace torchext

@@ -1,9 +1,8 @@
 """``torch.ops.torchext.asgd_`` as Python calls it.
 
-The op's arguments are named once, in the table of ``csrc/ops/asgd_schema.h``
-(the schema is generated from it). Python reads the names of the
-hyperparameters from the registered schema, so a hyperparameter added there
-reaches the optimizer (which takes it from the param group of the same name)
+Python reads the names of the op's hyperparameters from its registered
+schema (``csrc/ops/schemas.cpp``), so a hyperparameter added there reaches
+the optimizer (which takes it from the param group of the same name)
 without a second list here.
 """
 from __future__ import annotations

@@ -9,7 +9,7 @@
 // every tensor argument several times (requires_grad, hooks for a warning),
 // which with thousands of parameters was the largest single per-tensor cost
 // of an ASGD step after the argument conversion.
-#include "../asgd_schema.h"
+#include "../asgd_args.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>

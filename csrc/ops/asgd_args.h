@@ -1,0 +1,101 @@
+// An asgd_ call's arguments as the kernels read them (ASGDArgs), and the
+// handles of the op's two overloads. The schemas are plain strings in
+// schemas.cpp; every kernel is typed (asgd_registration.h) and the dispatcher
+// checks its signature against the schema at registration. A new
+// hyperparameter: the two schemas, ASGDHyperparams and the typed signatures
+// below, one field in the math, and a key of the same name in the
+// optimizer's param groups / ASGDOptions (Python reads the names from the
+// registered schema, torchext/optim/_op.py).
+#pragma once
+
+#include "../utils/cpu_scalars.h"
+#include "../utils/tensor_refs.h"
+
+#include <ATen/core/List.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <optional>
+
+namespace torchext {
+
+// The keyword-only scalars of asgd_, between `lr` and `grad_scale`, in
+// schema order.
+struct ASGDHyperparams {
+  double lambd = 0.0;
+  double alpha = 0.0;
+  double t0 = 0.0;
+  double weight_decay = 0.0;
+  bool maximize = false;
+
+  // From any object with these names as getters (ASGDOptions).
+  template <typename Options>
+  static ASGDHyperparams from(const Options& o) {
+    return {o.lambd(), o.alpha(), o.t0(), o.weight_decay(), o.maximize()};
+  }
+};
+
+struct ASGDArgs : ASGDHyperparams {
+  TensorRefs params, grads, axs;
+  // The schedule state: lists of one-element tensors, or (.packed) one 1-D
+  // tensor each, element i for params[i].
+  TensorRefs mus, etas, steps;
+  at::Tensor packed_mus, packed_etas, packed_steps;  // defined for .packed
+  // A 1-element floating tensor, on the CPU (read on the host: no sync) or
+  // on the params' device (read there, so a changing lr neither syncs nor
+  // recompiles).
+  at::Tensor lr;
+  std::optional<at::Tensor> grad_scale, found_inf;
+
+  bool packed() const { return packed_steps.defined(); }
+  // Entry i takes part in the step only when it has a gradient: a param
+  // whose grad is undefined (only C++ callers can pass one) is left alone
+  // (nothing of it is read or written, its ax may be undefined), as
+  // torch.optim skips params without grads.
+  bool active(size_t i) const { return grads[i].defined(); }
+  // Where entry i's mu/eta/step live (float or double, see state_dtype()).
+  void* mu_ptr(size_t i) const;
+  void* eta_ptr(size_t i) const;
+  void* step_ptr(size_t i) const;
+  // lr on the host; only valid when lr lives on the CPU.
+  double lr_on_host() const { return read_cpu_scalar(lr); }
+};
+
+// A Tensor[] argument. As a typed kernel's `const c10::List<at::Tensor>&`
+// the dispatcher hands over the caller's list itself (one reference), where
+// std::vector<at::Tensor> or at::TensorList would copy every tensor in it.
+using TensorListArg = c10::List<at::Tensor>;
+
+// The typed signatures of the two overloads: the schedule state as lists of
+// one-element tensors ("asgd_"), or packed ("asgd_.packed").
+using ASGDListsFn = void(const TensorListArg& params, const TensorListArg& grads,
+                         const TensorListArg& axs, const TensorListArg& mus,
+                         const TensorListArg& etas, const TensorListArg& steps,
+                         const at::Tensor& lr, double lambd, double alpha, double t0,
+                         double weight_decay, bool maximize,
+                         const std::optional<at::Tensor>& grad_scale,
+                         const std::optional<at::Tensor>& found_inf);
+using ASGDPackedFn = void(const TensorListArg& params, const TensorListArg& grads,
+                          const TensorListArg& axs, const at::Tensor& mus,
+                          const at::Tensor& etas, const at::Tensor& steps,
+                          const at::Tensor& lr, double lambd, double alpha, double t0,
+                          double weight_decay, bool maximize,
+                          const std::optional<at::Tensor>& grad_scale,
+                          const std::optional<at::Tensor>& found_inf);
+
+constexpr const char* kASGDOverloads[] = {"asgd_", "asgd_.packed"};
+
+// The overloads' handles, for C++ callers (the C++ API and the Python
+// optimizer's group holder call the op through the dispatcher, as Python
+// does).
+const c10::TypedOperatorHandle<ASGDListsFn>& asgd_lists_op();
+const c10::TypedOperatorHandle<ASGDPackedFn>& asgd_packed_op();
+
+// ASGDArgs over one call's arguments, the state left to the caller. The
+// TensorRefs point into the lists: use the result while they live.
+ASGDArgs asgd_args(const TensorListArg& params, const TensorListArg& grads,
+                   const TensorListArg& axs, const at::Tensor& lr, const ASGDHyperparams& hyper,
+                   const std::optional<at::Tensor>& grad_scale,
+                   const std::optional<at::Tensor>& found_inf);
+
+}  // namespace torchext
