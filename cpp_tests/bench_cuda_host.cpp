@@ -88,7 +88,9 @@ void run(int64_t n, int64_t numel, bool packed, int reps) {
   const TensorListArg lp(p), lg(g), lax(ax), lmus(mus), letas(etas), lsteps(steps);
   // What the typed kernel does with the dispatcher's lists (asgd_registration.h).
   const auto args = [&] {
-    torchext::ASGDArgs a = torchext::asgd_args(lp, lg, lax, lr, h, std::nullopt, std::nullopt);
+    torchext::ASGDArgs a =
+        torchext::asgd_args(torchext::TensorRefs(lp), torchext::TensorRefs(lg),
+                            torchext::TensorRefs(lax), lr, h, std::nullopt, std::nullopt);
     if (packed) {
       a.packed_mus = pm;
       a.packed_etas = pe;

@@ -360,29 +360,26 @@ std::optional<at::Tensor> opt(const at::Tensor& x) {
 // One asgd_ call through the dispatcher, as Python makes it.
 void call_asgd(const ASGDCase& c, const ASGDTensors& t) {
   using torchext::TensorListArg;
-  const auto h = hyper_of(c);
-  if (c.packed) {
-    torchext::asgd_packed_op().call(TensorListArg(t.params), TensorListArg(t.grads),
-                                    TensorListArg(t.axs), t.packed_mus, t.packed_etas,
-                                    t.packed_steps, t.lr, h.lambd, h.alpha, h.t0,
-                                    h.weight_decay, h.maximize, opt(t.grad_scale),
-                                    opt(t.found_inf));
-  } else {
-    torchext::asgd_lists_op().call(TensorListArg(t.params), TensorListArg(t.grads),
-                                   TensorListArg(t.axs), TensorListArg(t.mus),
-                                   TensorListArg(t.etas), TensorListArg(t.steps), t.lr, h.lambd,
-                                   h.alpha, h.t0, h.weight_decay, h.maximize, opt(t.grad_scale),
-                                   opt(t.found_inf));
-  }
+  auto stack =
+      c.packed ? torchext::asgd_stack(TensorListArg(t.params), TensorListArg(t.grads),
+                                      TensorListArg(t.axs), t.packed_mus, t.packed_etas,
+                                      t.packed_steps, t.lr, hyper_of(c), opt(t.grad_scale),
+                                      opt(t.found_inf))
+               : torchext::asgd_stack(TensorListArg(t.params), TensorListArg(t.grads),
+                                      TensorListArg(t.axs), TensorListArg(t.mus),
+                                      TensorListArg(t.etas), TensorListArg(t.steps), t.lr,
+                                      hyper_of(c), opt(t.grad_scale), opt(t.found_inf));
+  torchext::asgd_op(c.packed ? torchext::ASGDState::kPacked : torchext::ASGDState::kLists)
+      .callBoxed(&stack);
 }
 
 // The same call's arguments as the kernels read them.
 torchext::ASGDArgs host_args(const ASGDCase& c, const ASGDTensors& t) {
-  torchext::ASGDArgs a;
-  static_cast<torchext::ASGDHyperparams&>(a) = hyper_of(c);
-  a.params = torchext::TensorRefs(at::TensorList(t.params));
-  a.grads = torchext::TensorRefs(at::TensorList(t.grads));
-  a.axs = torchext::TensorRefs(at::TensorList(t.axs));
+  using torchext::TensorRefs;
+  torchext::ASGDArgs a =
+      torchext::asgd_args(TensorRefs(at::TensorList(t.params)), TensorRefs(at::TensorList(t.grads)),
+                          TensorRefs(at::TensorList(t.axs)), t.lr, hyper_of(c), opt(t.grad_scale),
+                          opt(t.found_inf));
   if (c.packed) {
     a.packed_mus = t.packed_mus;
     a.packed_etas = t.packed_etas;
@@ -392,9 +389,6 @@ torchext::ASGDArgs host_args(const ASGDCase& c, const ASGDTensors& t) {
     a.etas = torchext::TensorRefs(at::TensorList(t.etas));
     a.steps = torchext::TensorRefs(at::TensorList(t.steps));
   }
-  a.lr = t.lr;
-  a.grad_scale = opt(t.grad_scale);
-  a.found_inf = opt(t.found_inf);
   return a;
 }
 

@@ -47,28 +47,21 @@ struct DeviceCall {
   }
 
   ASGDArgs args(const ASGDOptions& o, const at::Tensor& lr) const {
-    ASGDArgs a;
-    static_cast<ASGDHyperparams&>(a) = hyper(o);
     // (TensorRefs point into this DeviceCall's lists: use the args while it lives.)
-    a.params = TensorRefs(params);
-    a.grads = TensorRefs(grads);
-    a.axs = TensorRefs(axs);
+    ASGDArgs a = asgd_args(TensorRefs(params), TensorRefs(grads), TensorRefs(axs), lr, hyper(o),
+                           grad_scale, found_inf);
     a.mus = TensorRefs(mus);
     a.etas = TensorRefs(etas);
     a.steps = TensorRefs(steps);
-    a.lr = lr;
-    a.grad_scale = grad_scale;
-    a.found_inf = found_inf;
     return a;
   }
 
   // One asgd_ call through the dispatcher, as Python makes it.
   void run(const ASGDOptions& o, const at::Tensor& lr) const {
-    const ASGDHyperparams h = hyper(o);
-    asgd_lists_op().call(TensorListArg(params), TensorListArg(grads), TensorListArg(axs),
-                         TensorListArg(mus), TensorListArg(etas), TensorListArg(steps), lr,
-                         h.lambd, h.alpha, h.t0, h.weight_decay, h.maximize, grad_scale,
-                         found_inf);
+    auto stack = asgd_stack(TensorListArg(params), TensorListArg(grads), TensorListArg(axs),
+                            TensorListArg(mus), TensorListArg(etas), TensorListArg(steps), lr,
+                            hyper(o), grad_scale, found_inf);
+    asgd_op(ASGDState::kLists).callBoxed(&stack);
   }
 };
 

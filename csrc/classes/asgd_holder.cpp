@@ -28,7 +28,7 @@ namespace {
 
 struct ASGDHolder : torch::CustomClassHolder {
   std::vector<at::Tensor> param_vec;  // the params, read for their .grad
-  // Made once, as the op's typed kernels take them (c10::List, passed by
+  // Made once, as the op's kernels take them (a c10::List is pushed as one
   // reference): no held tensor is converted or refcounted per step; only
   // grads are refilled.
   c10::List<at::Tensor> params, axs;  // axs[i] undefined: params[i] has no state yet
@@ -100,14 +100,12 @@ struct ASGDHolder : torch::CustomClassHolder {
     TORCH_CHECK(hyper.size() == 5, "ASGDHolder.run: expected 5 hyperparameters, got ",
                 hyper.size());
     const ASGDHyperparams h{hyper[0], hyper[1], hyper[2], hyper[3], hyper[4] != 0.0};
-    const auto& op = asgd_packed_op();
+    auto stack = asgd_stack(params, grads, axs, mus, etas, steps, lr, h, grad_scale, found_inf);
+    const c10::OperatorHandle& op = asgd_op(ASGDState::kPacked);
     if (validate_only) {
-      op.redispatch(c10::DispatchKeySet(c10::DispatchKey::Meta), params, grads, axs, mus, etas,
-                    steps, lr, h.lambd, h.alpha, h.t0, h.weight_decay, h.maximize, grad_scale,
-                    found_inf);
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &stack);
     } else {
-      op.call(params, grads, axs, mus, etas, steps, lr, h.lambd, h.alpha, h.t0, h.weight_decay,
-              h.maximize, grad_scale, found_inf);
+      op.callBoxed(&stack);
     }
     return {};
   }

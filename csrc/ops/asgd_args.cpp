@@ -1,5 +1,7 @@
 #include "asgd_args.h"
 
+#include <utility>
+
 namespace torchext {
 
 namespace {
@@ -10,29 +12,42 @@ void* element_ptr(const at::Tensor& packed, size_t i) {
 
 }  // namespace
 
-const c10::TypedOperatorHandle<ASGDListsFn>& asgd_lists_op() {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("torchext::asgd_", "")
-                             .typed<ASGDListsFn>();
-  return op;
+const c10::OperatorHandle& asgd_op(ASGDState state) {
+  // typed<>() checks the kernels' signature against the registered schema.
+  static const auto lists = [] {
+    auto op = c10::Dispatcher::singleton().findSchemaOrThrow("torchext::asgd_", "");
+    (void)op.typed<ASGDListsFn>();
+    return op;
+  }();
+  static const auto packed = [] {
+    auto op = c10::Dispatcher::singleton().findSchemaOrThrow("torchext::asgd_", "packed");
+    (void)op.typed<ASGDPackedFn>();
+    return op;
+  }();
+  return state == ASGDState::kPacked ? packed : lists;
 }
 
-const c10::TypedOperatorHandle<ASGDPackedFn>& asgd_packed_op() {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("torchext::asgd_", "packed")
-                             .typed<ASGDPackedFn>();
-  return op;
+torch::jit::Stack asgd_stack(c10::IValue params, c10::IValue grads, c10::IValue axs,
+                             c10::IValue mus, c10::IValue etas, c10::IValue steps,
+                             const at::Tensor& lr, const ASGDHyperparams& h,
+                             const std::optional<at::Tensor>& grad_scale,
+                             const std::optional<at::Tensor>& found_inf) {
+  torch::jit::Stack stack;
+  stack.reserve(14);
+  torch::jit::push(stack, std::move(params), std::move(grads), std::move(axs), std::move(mus),
+                   std::move(etas), std::move(steps), lr, h.lambd, h.alpha, h.t0,
+                   h.weight_decay, h.maximize, grad_scale, found_inf);
+  return stack;
 }
 
-ASGDArgs asgd_args(const TensorListArg& params, const TensorListArg& grads,
-                   const TensorListArg& axs, const at::Tensor& lr, const ASGDHyperparams& hyper,
-                   const std::optional<at::Tensor>& grad_scale,
+ASGDArgs asgd_args(TensorRefs params, TensorRefs grads, TensorRefs axs, const at::Tensor& lr,
+                   const ASGDHyperparams& hyper, const std::optional<at::Tensor>& grad_scale,
                    const std::optional<at::Tensor>& found_inf) {
   ASGDArgs a;
   static_cast<ASGDHyperparams&>(a) = hyper;
-  a.params = TensorRefs(params);
-  a.grads = TensorRefs(grads);
-  a.axs = TensorRefs(axs);
+  a.params = std::move(params);
+  a.grads = std::move(grads);
+  a.axs = std::move(axs);
   a.lr = lr;
   a.grad_scale = grad_scale;
   a.found_inf = found_inf;

@@ -14,6 +14,8 @@
 #include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/core/stack.h>
 
 #include <optional>
 
@@ -84,18 +86,26 @@ using ASGDPackedFn = void(const TensorListArg& params, const TensorListArg& grad
                           const std::optional<at::Tensor>& found_inf);
 
 constexpr const char* kASGDOverloads[] = {"asgd_", "asgd_.packed"};
+enum class ASGDState { kLists, kPacked };
 
-// The overloads' handles, for C++ callers (the C++ API and the Python
-// optimizer's group holder call the op through the dispatcher, as Python
-// does).
-const c10::TypedOperatorHandle<ASGDListsFn>& asgd_lists_op();
-const c10::TypedOperatorHandle<ASGDPackedFn>& asgd_packed_op();
+// How C++ callers (the C++ API, the Python optimizer's group holder) call
+// the op: boxed, as Python does, with the arguments pushed in schema order
+// (asgd_stack) and asgd_op(state).callBoxed(&stack). A boxed call picks the
+// kernel from every tensor argument, the lists' included. An unboxed call
+// (TypedOperatorHandle::call) would not: the dispatcher reads no device
+// from a c10::List<at::Tensor> argument, only from lr and the optional
+// tensors, so meta or CUDA params with a CPU lr would reach the CPU kernel.
+const c10::OperatorHandle& asgd_op(ASGDState state);
+torch::jit::Stack asgd_stack(c10::IValue params, c10::IValue grads, c10::IValue axs,
+                             c10::IValue mus, c10::IValue etas, c10::IValue steps,
+                             const at::Tensor& lr, const ASGDHyperparams& hyper,
+                             const std::optional<at::Tensor>& grad_scale,
+                             const std::optional<at::Tensor>& found_inf);
 
 // ASGDArgs over one call's arguments, the state left to the caller. The
-// TensorRefs point into the lists: use the result while they live.
-ASGDArgs asgd_args(const TensorListArg& params, const TensorListArg& grads,
-                   const TensorListArg& axs, const at::Tensor& lr, const ASGDHyperparams& hyper,
-                   const std::optional<at::Tensor>& grad_scale,
+// TensorRefs point into the caller's lists: use the result while they live.
+ASGDArgs asgd_args(TensorRefs params, TensorRefs grads, TensorRefs axs, const at::Tensor& lr,
+                   const ASGDHyperparams& hyper, const std::optional<at::Tensor>& grad_scale,
                    const std::optional<at::Tensor>& found_inf);
 
 }  // namespace torchext

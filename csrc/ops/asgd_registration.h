@@ -18,8 +18,8 @@ void asgd_lists_kernel(const TensorListArg& params, const TensorListArg& grads,
                        double weight_decay, bool maximize,
                        const std::optional<at::Tensor>& grad_scale,
                        const std::optional<at::Tensor>& found_inf) {
-  ASGDArgs a = asgd_args(params, grads, axs, lr, {lambd, alpha, t0, weight_decay, maximize},
-                         grad_scale, found_inf);
+  ASGDArgs a = asgd_args(TensorRefs(params), TensorRefs(grads), TensorRefs(axs), lr,
+                         {lambd, alpha, t0, weight_decay, maximize}, grad_scale, found_inf);
   a.mus = TensorRefs(mus);
   a.etas = TensorRefs(etas);
   a.steps = TensorRefs(steps);
@@ -33,8 +33,8 @@ void asgd_packed_kernel(const TensorListArg& params, const TensorListArg& grads,
                         double alpha, double t0, double weight_decay, bool maximize,
                         const std::optional<at::Tensor>& grad_scale,
                         const std::optional<at::Tensor>& found_inf) {
-  ASGDArgs a = asgd_args(params, grads, axs, lr, {lambd, alpha, t0, weight_decay, maximize},
-                         grad_scale, found_inf);
+  ASGDArgs a = asgd_args(TensorRefs(params), TensorRefs(grads), TensorRefs(axs), lr,
+                         {lambd, alpha, t0, weight_decay, maximize}, grad_scale, found_inf);
   a.packed_mus = mus;
   a.packed_etas = etas;
   a.packed_steps = steps;
