@@ -13,17 +13,10 @@ void* element_ptr(const at::Tensor& packed, size_t i) {
 }  // namespace
 
 const c10::OperatorHandle& asgd_op(ASGDState state) {
-  // typed<>() checks the kernels' signature against the registered schema.
-  static const auto lists = [] {
-    auto op = c10::Dispatcher::singleton().findSchemaOrThrow("torchext::asgd_", "");
-    (void)op.typed<ASGDListsFn>();
-    return op;
-  }();
-  static const auto packed = [] {
-    auto op = c10::Dispatcher::singleton().findSchemaOrThrow("torchext::asgd_", "packed");
-    (void)op.typed<ASGDPackedFn>();
-    return op;
-  }();
+  static const auto lists =
+      c10::Dispatcher::singleton().findSchemaOrThrow("torchext::asgd_", "");
+  static const auto packed =
+      c10::Dispatcher::singleton().findSchemaOrThrow("torchext::asgd_", "packed");
   return state == ASGDState::kPacked ? packed : lists;
 }
 

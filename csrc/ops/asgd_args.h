@@ -2,8 +2,8 @@
 // handles of the op's two overloads. The schemas are plain strings in
 // schemas.cpp; every kernel is typed (asgd_registration.h) and the dispatcher
 // checks its signature against the schema at registration. A new
-// hyperparameter: the two schemas, ASGDHyperparams and the typed signatures
-// below, one field in the math, and a key of the same name in the
+// hyperparameter: the two schemas, ASGDHyperparams, the kernels' signatures
+// in asgd_registration.h and asgd_stack below, one field in the math, and a key of the same name in the
 // optimizer's param groups / ASGDOptions (Python reads the names from the
 // registered schema, torchext/optim/_op.py).
 #pragma once
@@ -55,7 +55,7 @@ struct ASGDArgs : ASGDHyperparams {
   // (nothing of it is read or written, its ax may be undefined), as
   // torch.optim skips params without grads.
   bool active(size_t i) const { return grads[i].defined(); }
-  // Where entry i's mu/eta/step live (float or double, see state_dtype()).
+  // Where entry i's mu/eta/step live (float or double: ASGDCall::state_dtype).
   void* mu_ptr(size_t i) const;
   void* eta_ptr(size_t i) const;
   void* step_ptr(size_t i) const;
@@ -67,23 +67,6 @@ struct ASGDArgs : ASGDHyperparams {
 // the dispatcher hands over the caller's list itself (one reference), where
 // std::vector<at::Tensor> or at::TensorList would copy every tensor in it.
 using TensorListArg = c10::List<at::Tensor>;
-
-// The typed signatures of the two overloads: the schedule state as lists of
-// one-element tensors ("asgd_"), or packed ("asgd_.packed").
-using ASGDListsFn = void(const TensorListArg& params, const TensorListArg& grads,
-                         const TensorListArg& axs, const TensorListArg& mus,
-                         const TensorListArg& etas, const TensorListArg& steps,
-                         const at::Tensor& lr, double lambd, double alpha, double t0,
-                         double weight_decay, bool maximize,
-                         const std::optional<at::Tensor>& grad_scale,
-                         const std::optional<at::Tensor>& found_inf);
-using ASGDPackedFn = void(const TensorListArg& params, const TensorListArg& grads,
-                          const TensorListArg& axs, const at::Tensor& mus,
-                          const at::Tensor& etas, const at::Tensor& steps,
-                          const at::Tensor& lr, double lambd, double alpha, double t0,
-                          double weight_decay, bool maximize,
-                          const std::optional<at::Tensor>& grad_scale,
-                          const std::optional<at::Tensor>& found_inf);
 
 constexpr const char* kASGDOverloads[] = {"asgd_", "asgd_.packed"};
 enum class ASGDState { kLists, kPacked };
