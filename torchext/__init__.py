@@ -134,8 +134,8 @@ def has_cuda_kernels() -> bool:
     return build_info["cuda"]
 
 
-from . import amp, optim  # noqa: E402,F401
+from . import amp, nn, optim  # noqa: E402,F401
 
-__all__ = ["optim", "amp", "build_info", "cpu_isa", "has_cuda_kernels", "library_path",
+__all__ = ["optim", "amp", "nn", "build_info", "cpu_isa", "has_cuda_kernels", "library_path",
            "cmake_prefix_path",
            "__version__"]

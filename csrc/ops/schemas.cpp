@@ -2,8 +2,8 @@
 // themselves per dispatch key in cpu/, cuda/ and meta/.
 //
 // Contract (see docs/architecture.md): every mutated list or tensor is
-// annotated with (x!), nothing is returned, so nothing returned aliases an
-// input; this is what torch.compile's auto-functionalization needs.
+// annotated with (x!), nothing returned aliases an input (only
+// tensor_norms returns a tensor, a new one); this is what torch.compile's auto-functionalization needs.
 //
 // A mutated *list* is written `Tensor(x! -> *)[]`. TorchScript's alias
 // analysis records the write of a plain `Tensor(x!)[]` on the list value
@@ -56,6 +56,17 @@ TORCH_LIBRARY(torchext, m) {
       "Tensor(c!) hysteresis_tracker, Tensor found_inf, *, float growth_factor, "
       "float backoff_factor, int growth_interval, int hysteresis=1, "
       "float? min_scale=None, float? max_scale=None) -> ()");
+  // Per-tensor vector norms, as torch._foreach_norm: result[i] is the `ord`
+  // norm of tensors[i] (any ord torch.linalg.vector_norm takes), in its
+  // tensor's real dtype, held in the dtype torch.stack gives the list. With
+  // inv_scale, the norms of tensors[i] * inv_scale (the unscaled gradients,
+  // rounded as unscale_ stores them), and with found_inf, the inf/NaN check
+  // of unscale_ in the same read (found_inf = 1 when an element of the
+  // tensors is not finite). Nothing else is written. The kernel of
+  // torchext.nn.utils.clip_grad_norm_ and GradScaler.clip_grad_norm_.
+  m.def(
+      "tensor_norms(Tensor[] tensors, float ord=2., Tensor? inv_scale=None, "
+      "Tensor(a!)? found_inf=None) -> Tensor");
   // Averaged weights (ASGD.averaged_parameters): swaps the values of
   // tensors[i] and others[i] in place, element for element, for every i. The
   // tensors keep their storage (same data_ptr), so compiled code and captured

@@ -229,5 +229,65 @@ C10_HOST_DEVICE inline ScaleUpdate update_scale(
   return r;
 }
 
+// ---- Vector norms (tensor_norms: gradient clipping) ---------------------
+
+// Which reduction a norm order is: torch.linalg.vector_norm's special cases
+// (0: a count of nonzeros, 1, 2, inf: max, -inf: min) and any other p,
+// negative or fractional: (sum |x|^p)^(1/p).
+enum class NormKind : int8_t { kZero, kOne, kTwo, kInf, kNegInf, kP };
+
+C10_HOST_DEVICE inline NormKind norm_kind(double ord) {
+  if (ord == 0.0) return NormKind::kZero;
+  if (ord == 1.0) return NormKind::kOne;
+  if (ord == 2.0) return NormKind::kTwo;
+  if (ord == HUGE_VAL) return NormKind::kInf;
+  if (ord == -HUGE_VAL) return NormKind::kNegInf;
+  return NormKind::kP;
+}
+
+// Max and min that propagate NaN, as torch's reductions do.
+template <typename T>
+C10_HOST_DEVICE inline T max_nan(T a, T b) {
+  return (a != a || a > b) ? a : b;
+}
+template <typename T>
+C10_HOST_DEVICE inline T min_nan(T a, T b) {
+  return (a != a || a < b) ? a : b;
+}
+
+// The value a norm's running reduction starts from (the identity).
+template <typename T>
+C10_HOST_DEVICE inline T norm_identity(NormKind k) {
+  return k == NormKind::kNegInf ? static_cast<T>(HUGE_VAL) : T(0);
+}
+
+// One element's magnitude a (= |x|) folded into the running value acc.
+template <typename T>
+C10_HOST_DEVICE inline T norm_fold(NormKind k, T acc, T a, double p) {
+  switch (k) {
+    case NormKind::kZero: return add(acc, a != T(0) ? T(1) : T(0));  // NaN counts
+    case NormKind::kOne: return add(acc, a);
+    case NormKind::kTwo: return add(acc, mul(a, a));
+    case NormKind::kInf: return max_nan(acc, a);
+    case NormKind::kNegInf: return min_nan(acc, a);
+    default: return add(acc, static_cast<T>(::pow(static_cast<double>(a), p)));
+  }
+}
+
+// Two running values of one tensor (its chunks) combined.
+template <typename T>
+C10_HOST_DEVICE inline T norm_combine(NormKind k, T a, T b) {
+  if (k == NormKind::kInf) return max_nan(a, b);
+  if (k == NormKind::kNegInf) return min_nan(a, b);
+  return add(a, b);
+}
+
+// The norm from a tensor's running value: the root for 2 and other p.
+C10_HOST_DEVICE inline double norm_finish(NormKind k, double acc, double p) {
+  if (k == NormKind::kTwo) return ::sqrt(acc);
+  if (k == NormKind::kP) return ::pow(acc, 1.0 / p);
+  return acc;
+}
+
 }  // namespace math
 }  // namespace torchext

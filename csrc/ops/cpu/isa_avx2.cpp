@@ -8,6 +8,6 @@
 #else
 #include "isa_kernels.h"
 namespace torchext::cpu::AVX2 {
-const Kernels kKernels{nullptr, nullptr, nullptr};
+const Kernels kKernels{nullptr, nullptr, nullptr, nullptr};
 }
 #endif

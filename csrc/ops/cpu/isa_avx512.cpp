@@ -9,6 +9,6 @@
 #else
 #include "isa_kernels.h"
 namespace torchext::cpu::AVX512 {
-const Kernels kKernels{nullptr, nullptr, nullptr};
+const Kernels kKernels{nullptr, nullptr, nullptr, nullptr};
 }
 #endif

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <c10/core/ScalarType.h>
+#include "torchext/elementwise_math.h"
 
 #include <cstdint>
 
@@ -33,6 +34,14 @@ struct Kernels {
   // Returns true if some element of x[0, n) is not finite; when `scale`,
   // also multiplies the span by inv_scale in the same pass.
   bool (*scan_span)(at::ScalarType dtype, void* x, int64_t n, bool scale, float inv_scale);
+  // tensor_norms: folds the magnitudes of x[0, n) (of x * inv_scale rounded
+  // to x's dtype, when `scale`) into a norm's running value
+  // (math::norm_fold; `pairs`: x holds complex numbers as (re, im) pairs,
+  // n counts reals) and returns it; sets *non_finite when some element of x
+  // is inf or NaN. Read-only.
+  double (*norm_span)(at::ScalarType dtype, const void* x, int64_t n, bool pairs,
+                      math::NormKind kind, double p, bool scale, float inv_scale,
+                      bool* non_finite);
 };
 
 // The best kernels this CPU and build allow.

@@ -9,7 +9,9 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
+#include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <type_traits>
 
 namespace torchext {
@@ -138,10 +140,138 @@ bool scan_span(at::ScalarType dtype, void* x, int64_t n, bool scale, float inv_s
   return bad;
 }
 
+// ---- tensor_norms -------------------------------------------------------
+
+// Elements per block: a block is summed in the compute type's vector lanes,
+// then added to a double, so a long tensor's 2-norm loses no more than a
+// short one's to float32 rounding.
+constexpr int64_t kNormBlock = 1024;
+
+template <math::NormKind K, typename V>
+inline V fold_vec(const V& acc, const V& x) {
+  if constexpr (K == math::NormKind::kOne) {
+    return acc + x.abs();
+  } else if constexpr (K == math::NormKind::kTwo) {
+    return acc + x * x;
+  } else if constexpr (K == math::NormKind::kInf) {
+    return at::vec::maximum(acc, x.abs());  // propagates NaN
+  } else {
+    return at::vec::minimum(acc, x.abs());
+  }
+}
+
+// A vector's lanes folded into a double running value.
+template <math::NormKind K, typename V>
+inline double lanes_into(double total, const V& v) {
+  using T = typename V::value_type;
+  __at_align__ T lanes[V::size()];
+  v.store(lanes);
+  for (int64_t k = 0; k < V::size(); ++k) {
+    total = math::norm_combine(K, total, static_cast<double>(lanes[k]));
+  }
+  return total;
+}
+
+template <math::NormKind K, typename scalar_t>
+double norm_vectorized(const scalar_t* x, int64_t n, bool scale, float inv_scale, bool* bad,
+                       int64_t* done) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  using Vec = Vectorized<opmath_t>;
+  using RVec = Vectorized<scalar_t>;
+  const Vec vinv(static_cast<opmath_t>(inv_scale));
+  const Vec id(math::norm_identity<opmath_t>(K));
+  double total = math::norm_identity<double>(K);
+  Vec poisoned(0);
+  int64_t i = 0;
+  while (i + RVec::size() <= n) {
+    const int64_t end = std::min(n, i + kNormBlock);
+    Vec a0 = id, a1 = id;
+    if constexpr (std::is_same_v<opmath_t, scalar_t>) {
+      // Four independent chains (sums and checks): one would wait on the
+      // add's latency, not on memory.
+      Vec a2 = id, a3 = id;
+      Vec p1(0), p2(0), p3(0);
+      const auto load = [&](int64_t j, Vec& pz) {
+        Vec v = Vec::loadu(x + j);
+        pz = poison(pz, v);
+        return scale ? v * vinv : v;
+      };
+      for (; i + 4 * Vec::size() <= end; i += 4 * Vec::size()) {
+        a0 = fold_vec<K>(a0, load(i, poisoned));
+        a1 = fold_vec<K>(a1, load(i + Vec::size(), p1));
+        a2 = fold_vec<K>(a2, load(i + 2 * Vec::size(), p2));
+        a3 = fold_vec<K>(a3, load(i + 3 * Vec::size(), p3));
+      }
+      for (; i + Vec::size() <= end; i += Vec::size()) a0 = fold_vec<K>(a0, load(i, poisoned));
+      poisoned = poisoned + p1 + p2 + p3;
+      total = lanes_into<K>(lanes_into<K>(total, a2), a3);
+    } else {
+      for (; i + RVec::size() <= end; i += RVec::size()) {
+        auto [v0, v1] = at::vec::convert_to_float<scalar_t>(RVec::loadu(x + i));
+        poisoned = poison(poison(poisoned, v0), v1);
+        if (scale) {  // the unscaled grad as unscale_ would store it: rounded
+          std::tie(v0, v1) =
+              at::vec::convert_to_float<scalar_t>(at::vec::convert_from_float<scalar_t>(
+                  v0 * vinv, v1 * vinv));
+        }
+        a0 = fold_vec<K>(a0, v0);
+        a1 = fold_vec<K>(a1, v1);
+      }
+    }
+    total = lanes_into<K>(lanes_into<K>(total, a0), a1);
+  }
+  *bad = *bad || lanes_into<math::NormKind::kOne>(0.0, poisoned) != 0.0;
+  *done = i;
+  return total;
+}
+
+template <typename scalar_t>
+double norm_typed(const scalar_t* x, int64_t n, bool pairs, math::NormKind kind, double p,
+                  bool scale, float inv_scale, bool* bad) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  using K = math::NormKind;
+  double total = math::norm_identity<double>(kind);
+  int64_t i = 0;
+  if (!pairs) {
+    switch (kind) {
+      case K::kOne: total = norm_vectorized<K::kOne>(x, n, scale, inv_scale, bad, &i); break;
+      case K::kTwo: total = norm_vectorized<K::kTwo>(x, n, scale, inv_scale, bad, &i); break;
+      case K::kInf: total = norm_vectorized<K::kInf>(x, n, scale, inv_scale, bad, &i); break;
+      case K::kNegInf:
+        total = norm_vectorized<K::kNegInf>(x, n, scale, inv_scale, bad, &i);
+        break;
+      default: break;  // 0 and other p: the scalar loop
+    }
+  }
+  // The rest (and complex pairs, 0 and general p): one element at a time.
+  const auto unscaled = [&](int64_t j) {
+    opmath_t v = static_cast<opmath_t>(x[j]);
+    if (math::non_finite(v)) *bad = true;
+    if (scale) v = static_cast<opmath_t>(static_cast<scalar_t>(v * static_cast<opmath_t>(inv_scale)));
+    return static_cast<double>(v);
+  };
+  const int64_t width = pairs ? 2 : 1;
+  for (; i + width <= n; i += width) {
+    const double a = pairs ? std::hypot(unscaled(i), unscaled(i + 1)) : std::abs(unscaled(i));
+    total = math::norm_fold(kind, total, a, p);
+  }
+  return total;
+}
+
+double norm_span(at::ScalarType dtype, const void* x, int64_t n, bool pairs, math::NormKind kind,
+                 double p, bool scale, float inv_scale, bool* non_finite) {
+  double total = 0;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "norm_cpu", [&] {
+    total = norm_typed(static_cast<const scalar_t*>(x), n, pairs, kind, p, scale, inv_scale,
+                       non_finite);
+  });
+  return total;
+}
+
 }  // namespace
 
 extern const Kernels kKernels;
-const Kernels kKernels{C10_STRINGIZE(CPU_CAPABILITY), &asgd_span, &scan_span};
+const Kernels kKernels{C10_STRINGIZE(CPU_CAPABILITY), &asgd_span, &scan_span, &norm_span};
 
 }  // namespace CPU_CAPABILITY
 }  // namespace cpu

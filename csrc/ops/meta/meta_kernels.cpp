@@ -9,8 +9,14 @@
 #include "../amp.h"
 #include "../asgd.h"
 #include "../asgd_registration.h"
+#include "../norms.h"
 #include "../swap.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/_foreach_norm.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/stack.h>
 #include <torch/library.h>
 
 namespace torchext {
@@ -36,6 +42,39 @@ void update_scale_meta(const at::Tensor& scale, const at::Tensor& growth_tracker
                        std::optional<double> max_scale) {
   check_update_scale_args(scale, growth_tracker, hysteresis_tracker, found_inf, growth_factor,
                           backoff_factor, growth_interval, hysteresis, min_scale, max_scale);
+}
+
+at::Tensor tensor_norms_meta(at::TensorList tensors, double ord,
+                             const std::optional<at::Tensor>& inv_scale,
+                             const std::optional<at::Tensor>& found_inf) {
+  check_tensor_norms_args(tensors, ord, inv_scale, found_inf);
+  return at::empty({static_cast<int64_t>(tensors.size())},
+                   at::TensorOptions().dtype(tensor_norms_dtype(tensors)).device(at::kMeta));
+}
+
+// tensor_norms on every device without a kernel of its own (CUDA among them)
+// and for an empty list: ATen's multi-tensor norm (one launch on CUDA), then
+// the inf/NaN check as a second read. No host sync, so it captures in CUDA
+// graphs. The norm is homogeneous, so the norms of tensors * inv_scale are the
+// norms times inv_scale (a power of two for a loss scale: exact).
+at::Tensor tensor_norms_composite(at::TensorList tensors, double ord,
+                                  const std::optional<at::Tensor>& inv_scale,
+                                  const std::optional<at::Tensor>& found_inf) {
+  check_tensor_norms_args(tensors, ord, inv_scale, found_inf);
+  if (tensors.empty()) {
+    const auto device = found_inf ? found_inf->device()
+                        : inv_scale ? inv_scale->device() : c10::Device(at::kCPU);
+    return at::empty({0}, at::TensorOptions().dtype(at::kFloat).device(device));
+  }
+  if (found_inf) {
+    static const auto check = c10::Dispatcher::singleton()
+                                  .findSchemaOrThrow("torchext::check_finite_", "")
+                                  .typed<void(at::TensorList, const at::Tensor&)>();
+    check.call(tensors, *found_inf);
+  }
+  at::Tensor out = at::stack(at::_foreach_norm(tensors, ord));
+  if (inv_scale && ord != 0.0) out = at::mul(out, inv_scale->reshape({}));  // 0-d: out's dtype
+  return out;
 }
 
 template <auto Validate, typename... Args>
@@ -69,6 +108,7 @@ TORCH_LIBRARY_IMPL(torchext, Meta, m) {
   m.impl("unscale_", &unscale_meta);
   m.impl("update_scale_", &update_scale_meta);
   m.impl("swap_", &swap_meta);
+  m.impl("tensor_norms", &tensor_norms_meta);
 }
 
 #define TORCHEXT_REGISTER_SPARSE_REJECTS(m)                                             \
@@ -77,7 +117,8 @@ TORCH_LIBRARY_IMPL(torchext, Meta, m) {
          &reject_sparse<&check_finite_meta, at::TensorList, const at::Tensor&>);       \
   m.impl("unscale_",                                                                    \
          &reject_sparse<&unscale_meta, at::TensorList, const at::Tensor&, const at::Tensor&>); \
-  m.impl("swap_", &reject_sparse<&swap_meta, at::TensorList, at::TensorList>);
+  m.impl("swap_", &reject_sparse<&swap_meta, at::TensorList, at::TensorList>);      \
+  m.impl("tensor_norms", &tensor_norms_meta); /* its validator names the sparse tensor */
 
 TORCH_LIBRARY_IMPL(torchext, SparseCPU, m) {
   TORCHEXT_REGISTER_SPARSE_REJECTS(m)
@@ -92,6 +133,7 @@ TORCH_LIBRARY_IMPL(torchext, CompositeExplicitAutograd, m) {
   m.impl("unscale_",
          &no_kernel_for_device<&unscale_meta, const at::Tensor&, const at::Tensor&>);
   m.impl("swap_", &no_kernel_for_device<&swap_meta, at::TensorList>);
+  m.impl("tensor_norms", &tensor_norms_composite);
 }
 
 }  // namespace torchext
