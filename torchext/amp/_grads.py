@@ -18,11 +18,13 @@ class GradsByDevice:
     values). ``sharded``: some grad was a DTensor (each rank sees only its
     shard). ``coalesced``: (param, coalesced grad) for uncoalesced fp16
     sparse grads; assigned to ``param.grad`` only by a pass that writes
-    (unscale)."""
+    (unscale). ``sparse``: some grad was sparse (its values are in
+    ``lists``)."""
 
     def __init__(self, optimizer, allow_fp16: bool) -> None:
         self.lists: dict[torch.device, list[Tensor]] = defaultdict(list)
         self.sharded = False
+        self.sparse = False
         self.coalesced: list[tuple[Tensor, Tensor]] = []
         for group in param_groups(optimizer):
             for param in group["params"]:
@@ -35,6 +37,7 @@ class GradsByDevice:
                 if not allow_fp16 and grad.dtype == torch.float16:
                     raise ValueError("Attempting to unscale FP16 gradients.")
                 if grad.is_sparse:
+                    self.sparse = True
                     if grad.dtype is torch.float16 and not grad.is_coalesced():
                         grad = grad.coalesce()
                         self.coalesced.append((param, grad))

@@ -20,7 +20,8 @@ import torch
 from torch import Tensor
 from torch.amp.grad_scaler import OptState
 
-from .._compile_compat import STEP_GATE_FRAMES, gate_compiled_step
+from .._compile_compat import STEP_GATE_FRAMES, gate_compiled_step, param_groups
+from ..nn.utils import clip_grad as _clip
 from . import _checkpoint, protocol
 from ._grads import GradsByDevice
 
@@ -290,6 +291,102 @@ class GradScaler(torch.amp.GradScaler):
         optimizer_state["stage"] = OptState.UNSCALED
         self._per_optimizer_states[id(optimizer)] = optimizer_state
 
+    # ------------------------------------------------------------------ clip
+
+    def clip_grad_norm_(self, optimizer, max_norm: float, norm_type: float = 2.0,
+                        error_if_nonfinite: bool = False) -> Tensor:
+        """``unscale_(optimizer)`` + ``torch.nn.utils.clip_grad_norm_`` over the
+        optimizer's gradients, fused: returns the total norm of the unscaled
+        gradients (torch's recipe's value: same dtype, the first gradient's
+        device; inf/NaN on an overflow step) and records the inf/NaN check,
+        from one read of the gradients and no write.
+
+        The clip coefficient ``min(max_norm / (total + 1e-6), 1)`` stays on the
+        device and the next :meth:`step` applies it: an optimizer of the
+        fused-step protocol (torchext's ASGD, torch's fused Adam/AdamW/SGD)
+        gets ``grad_scale = scale / coef`` and divides by it on the fly
+        (DeepSpeed's "combined scale"), so the gradients are never rewritten
+        and are still *scaled* after the step; any other optimizer gets its
+        gradients unscaled and clipped in one pass before its ``step()``, as
+        torch's recipe leaves them. After :meth:`unscale_` (Lightning's
+        order) only the coefficient is folded in. Once per optimizer per
+        iteration, before :meth:`step`. ``error_if_nonfinite=True`` reads the
+        norm on the host (refused under torch.compile and CUDA-graph capture).
+        With sharded (DTensor, FSDP2) gradients the norm is the global one, a
+        plain tensor: each rank's part is all-reduced over ``process_group``
+        (default: the WORLD group)."""
+        if not self._enabled:
+            # Nothing is scaled: the optimizer's own fused clip, or torch's.
+            own = getattr(optimizer, "clip_grad_norm_", None)
+            if own is not None:
+                return own(max_norm, norm_type, error_if_nonfinite)
+            return _clip.clip_grad_norm_(
+                [p for g in param_groups(optimizer) for p in g["params"]], max_norm, norm_type,
+                error_if_nonfinite)
+        self._check_scale_growth_tracker("clip_grad_norm_")
+        state = self._optimizer_state(optimizer)
+        stage = state["stage"]
+        if stage is OptState.STEPPED:
+            raise RuntimeError("clip_grad_norm_() is being called after step().")
+        if "clip_coef" in state:
+            raise RuntimeError("clip_grad_norm_() has already been called on this optimizer "
+                               "since the last update().")
+        norm_type = float(norm_type)
+        unscaled = stage is OptState.UNSCALED
+        grads = GradsByDevice(optimizer, allow_fp16=unscaled or self._allow_fp16)
+        if grads.sparse:
+            # Sparse values are no dense norm input: torch's recipe, unfused.
+            if not unscaled:
+                self.unscale_(optimizer)
+            total = _clip.clip_grad_norm_(
+                [p for g in param_groups(optimizer) for p in g["params"]], max_norm, norm_type,
+                error_if_nonfinite)
+            self._per_optimizer_states[id(optimizer)]["clip_coef"] = None
+            return total
+        if not grads.lists:
+            return torch.tensor(0.0)  # torch's clip of no gradients
+        norms_op = torch.ops.torchext.tensor_norms
+        if unscaled:  # found_inf was recorded by unscale_
+            grads.validate(lambda ts, found: norms_op(ts, norm_type))
+        else:
+            grads.validate(lambda ts, found: norms_op(ts, norm_type, None, found))
+            inv_scale = self._scale.double().reciprocal().float()
+        found_per_device: dict[torch.device, Tensor] = {}
+        norms = []
+        with torch.no_grad():
+            for device, tensors in grads.lists.items():
+                if unscaled:
+                    norms.append(norms_op(tensors, norm_type))
+                    continue
+                found = torch.zeros((), dtype=torch.float32, device=device)
+                norms.append(norms_op(tensors, norm_type, inv_scale.to(device, non_blocking=True),
+                                      found))
+                found_per_device[device] = found
+            total = _clip.total_norm_of(norms, norm_type, next(iter(grads.lists)))
+            if grads.sharded:
+                total = _clip.reduce_sharded(total, norm_type, self._sharded_group())
+            _clip.check_nonfinite(total, norm_type, error_if_nonfinite)
+            coef = _clip.clip_coef(total, max_norm)
+        if not unscaled:
+            self._sync_found_inf(found_per_device, grads.sharded)
+            state["found_inf_per_device"] = found_per_device
+        state["clip_coef"] = coef
+        self._per_optimizer_states[id(optimizer)] = state
+        return total
+
+    def _sharded_group(self):
+        import torch.distributed as dist
+        return self._process_group if self._process_group is not None else dist.group.WORLD
+
+    def _apply_clip_(self, optimizer, stage, coef: Tensor) -> None:
+        """A plain optimizer's gradients unscaled and clipped in one pass
+        (only clipped after unscale_), before its step()."""
+        factor = coef if stage is OptState.UNSCALED else self._scale.double().reciprocal() * coef
+        grads = GradsByDevice(optimizer, allow_fp16=True)
+        with torch.no_grad():
+            _clip.multiply_([g for ts in grads.lists.values() for g in ts], factor.float())
+        self._per_optimizer_states[id(optimizer)]["stage"] = OptState.UNSCALED
+
     # ------------------------------------------------------------------ step
 
     def _combined_found_inf(self, states) -> Tensor:
@@ -326,7 +423,10 @@ class GradScaler(torch.amp.GradScaler):
         if protocol.takes_grad_scale(optimizer):
             retval = self._fused_step(optimizer, stage, args, kwargs)
         else:
-            if stage is OptState.READY:
+            coef = self._optimizer_state(optimizer).get("clip_coef")
+            if coef is not None:
+                self._apply_clip_(optimizer, stage, coef)
+            elif stage is OptState.READY:
                 self.unscale_(optimizer)
             found_per_device = self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
             if len(found_per_device) == 0:
@@ -347,28 +447,37 @@ class GradScaler(torch.amp.GradScaler):
                 "`found_inf: Tensor` to the passed optimizer and let the optimizer use them "
                 "directly.", FutureWarning, stacklevel=3 + STEP_GATE_FRAMES)
             return optimizer.step(*args, **{**kwargs, "grad_scaler": self})
-        if stage is OptState.READY:
+        state = self._optimizer_state(optimizer)
+        coef = state.get("clip_coef")  # clip_grad_norm_ checked the grads already
+        if stage is OptState.READY and coef is None:
             found_per_device = self._check_inf_grads(optimizer)
         else:
-            found_per_device = self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+            found_per_device = state["found_inf_per_device"]
         found_inf = self._combined_found_inf([{"found_inf_per_device": found_per_device}])
         device_skip = protocol.must_not_sync(optimizer)
         retval = None
         if device_skip or not found_inf.item():
+            if device_skip and len(found_per_device) > 1:
+                # torch's fused kernels skip only when found_inf == 1.
+                found_inf = torch.clamp(found_inf, max=1.0)
             retval = self._step_with(optimizer, stage, found_inf if device_skip else None,
-                                     args, kwargs)
+                                     coef, args, kwargs)
         self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = found_per_device
         return retval
 
-    def _step_with(self, optimizer, stage, found_inf, args, kwargs):
+    def _step_with(self, optimizer, stage, found_inf, coef, args, kwargs):
         # Already unscaled (e.g. for clipping): do not unscale twice. A
-        # grad_scale already on the optimizer is multiplied in, as torch does.
+        # grad_scale already on the optimizer is multiplied in, as torch does,
+        # and a pending clip coefficient divided in (the combined scale).
         had_scale = hasattr(optimizer, "grad_scale")
         user_scale = getattr(optimizer, "grad_scale", None)
         if stage is OptState.UNSCALED:
             grad_scale = user_scale
         else:
             grad_scale = self._scale if user_scale is None else self._scale * user_scale
+        if coef is not None:
+            coef = coef.to(self._scale.device, non_blocking=True)
+            grad_scale = (coef.reciprocal() if grad_scale is None else grad_scale / coef).float()
         optimizer.grad_scale = grad_scale
         optimizer.found_inf = found_inf
         try:

@@ -11,6 +11,7 @@ from torch.optim import optimizer as _torch_optimizer
 from torch.optim.optimizer import Optimizer, ParamsT
 
 from .. import _devices
+from ..nn.utils import clip_grad as _clip
 from .._compile_compat import (GroupsAlias, mark_step_not_wrapped, param_groups,
                                gate_compiled_step)
 from . import _checkpoint, _dtensor, _op
@@ -166,6 +167,33 @@ class ASGD(GroupsAlias, Optimizer):
                 sg.holder().check_finite(f)
         return found
 
+    # -------------------------------------------------------------- clipping
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
+                        error_if_nonfinite: bool = False) -> Tensor:
+        """``torch.nn.utils.clip_grad_norm_(params, ...)`` over every param of
+        this optimizer, folded into the next :meth:`step`: returns the same
+        total norm (dtype, device: the first grad's) from one fused read of
+        the gradients, and the step multiplies each gradient by the clip
+        coefficient on the fly instead of a pass that rewrites them. The
+        gradients are left as they are (not clipped). No host sync unless
+        ``error_if_nonfinite``. The coefficient is used by the next step()
+        only. Gradients torchext has no kernel for (DTensor, sparse, other
+        devices) are clipped in place by torch's function instead. With a
+        GradScaler, call ``scaler.clip_grad_norm_(opt, ...)`` instead: these
+        grads are scaled."""
+        params = [p for g in param_groups(self) for p in g["params"]]
+        grads = [p.grad for p in params if p.grad is not None]
+        if not grads or not _clip.torchext_serves(grads):
+            return _clip.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite)
+        norm_type = float(norm_type)
+        with torch.no_grad():
+            norms = _clip.device_norms(grads, norm_type)
+            total = _clip.total_norm_of(list(norms.values()), norm_type, grads[0].device)
+            _clip.check_nonfinite(total, norm_type, error_if_nonfinite)
+            self._clip_coef = _clip.clip_coef(total, max_norm)
+        return total
+
     # ------------------------------------------------------------------ step
 
     def step(self, closure=None):
@@ -186,6 +214,13 @@ class ASGD(GroupsAlias, Optimizer):
         # torchext's _torchext_amp_step): unscale on the fly, skip on device.
         grad_scale = getattr(self, "grad_scale", None)
         found_inf = getattr(self, "found_inf", None)
+        # A clip_grad_norm_ since the last step: its coefficient divided into
+        # the scale the op divides by (grads * coef, never rewritten).
+        coef = getattr(self, "_clip_coef", None)
+        if coef is not None:
+            coef = coef.float()
+            grad_scale = coef.reciprocal() if grad_scale is None else grad_scale / coef.to(
+                grad_scale.device, non_blocking=True)
         with torch.set_grad_enabled(self.defaults["differentiable"]):
             if torch.compiler.is_compiling():
                 self._run_step(grad_scale, found_inf, eager=False, created=[])
@@ -196,6 +231,8 @@ class ASGD(GroupsAlias, Optimizer):
                 except BaseException:
                     self._forget_state(created)
                     raise
+        if coef is not None:
+            del self._clip_coef  # used once: a refused step keeps it
         return loss
 
     step = mark_step_not_wrapped(gate_compiled_step(_hooked_step(step)))

@@ -36,7 +36,7 @@ def _as_list(tensors: _TensorOrTensors) -> list[Tensor]:
     return [tensors] if isinstance(tensors, Tensor) else list(tensors)
 
 
-def _torchext_serves(tensors: list[Tensor]) -> bool:
+def torchext_serves(tensors: list[Tensor]) -> bool:
     """Whether every tensor is a plain strided tensor on a device with
     torchext kernels (else torch's own function does the work)."""
     return all(type(t) in (Tensor, torch.nn.Parameter) and t.layout is torch.strided
@@ -135,7 +135,7 @@ def get_total_norm(tensors: _TensorOrTensors, norm_type: float = 2.0,
     first tensor's) as torch's, one fused read per device."""
     tensors = _as_list(tensors)
     norm_type = float(norm_type)
-    if not tensors or not _torchext_serves(tensors):
+    if not tensors or not torchext_serves(tensors):
         return torch.nn.utils.get_total_norm(tensors, norm_type, error_if_nonfinite, foreach)
     _refuse_foreach(tensors, foreach)
     norms = device_norms(tensors, norm_type)
@@ -153,7 +153,7 @@ def clip_grads_with_norm_(parameters: _TensorOrTensors, max_norm: float, total_n
     grads = [p.grad for p in _as_list(parameters) if p.grad is not None]
     if not grads:
         return
-    if not _torchext_serves(grads + [total_norm]):
+    if not torchext_serves(grads + [total_norm]):
         torch.nn.utils.clip_grads_with_norm_(_as_list(parameters), max_norm, total_norm, foreach)
         return
     _refuse_foreach(grads, foreach)
