@@ -73,6 +73,8 @@ torchext::asgd_.packed(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)
 torchext::check_finite_(Tensor[] tensors, Tensor(a!) found_inf) -> ()""")
         self.assertExpectedInline(str(ops.unscale_.default._schema), """\
 torchext::unscale_(Tensor(a! -> *)[] tensors, Tensor(b!) found_inf, Tensor inv_scale) -> ()""")
+        self.assertExpectedInline(str(ops.tensor_norms.default._schema), """\
+torchext::tensor_norms(Tensor[] tensors, float ord=2., Tensor? inv_scale=None, Tensor(a!)? found_inf=None) -> Tensor""")
         self.assertExpectedInline(str(ops.update_scale_.default._schema), """\
 torchext::update_scale_(Tensor(a!) scale, Tensor(b!) growth_tracker, Tensor(c!) hysteresis_tracker, Tensor found_inf, *, float growth_factor, float backoff_factor, int growth_interval, int hysteresis=1, float? min_scale=None, float? max_scale=None) -> ()""")
 
@@ -128,6 +130,14 @@ def opcheck_samples(device):
     samples.append((ops.unscale_.default,
                     [asgd_inputs(device=device)[1], torch.zeros((), device=device),
                      torch.tensor(0.25, device=device)], {}))
+    mixed = asgd_inputs(device=device)[1] + [torch.randn(4, 3, device=device).t(),
+                                             torch.randn(5, dtype=torch.bfloat16, device=device),
+                                             torch.randn(3, dtype=torch.complex64, device=device)]
+    for order in (2.0, float("inf"), 0.5):
+        samples.append((ops.tensor_norms.default, [mixed, order], {}))
+    samples.append((ops.tensor_norms.default, [grads, 2.0],
+                    dict(inv_scale=torch.tensor(0.25, device=device),
+                         found_inf=torch.zeros((), device=device))))
     for found in (0.0, 1.0):
         samples.append((ops.update_scale_.default,
                         [torch.tensor(1024.0, device=device),
@@ -157,11 +167,61 @@ def test_opcheck_cuda(idx):
 
 def test_every_op_has_cpu_meta_and_cuda_kernels():
     for name in ("asgd_", "asgd_.packed",
-                 "check_finite_", "unscale_", "update_scale_"):
+                 "check_finite_", "unscale_", "update_scale_", "tensor_norms"):
         dump = torch._C._dispatch_dump(f"torchext::{name}")
         assert "\nCPU: registered" in dump and "\nMeta: registered" in dump, dump
-        if torchext.has_cuda_kernels():
+        if name == "tensor_norms":
+            # CUDA (any device but CPU/Meta): ATen's multi-tensor norm.
+            assert "\nCompositeExplicitAutograd[alias]: registered" in dump, dump
+        elif torchext.has_cuda_kernels():
             assert "\nCUDA: registered" in dump, dump
+
+
+@pytest.mark.parametrize("order", [2.0, 1.0, 0.0, float("inf"), float("-inf"), 3.0, -1.0])
+def test_tensor_norms_cpu_kernel_matches_the_composite_one(order):
+    """The CPU kernel against the kernel CUDA runs (ATen's _foreach_norm),
+    reached on the CPU through the composite key, with inv_scale/found_inf."""
+    ts = asgd_inputs(dtype=torch.float32)[1] + [torch.randn(3, 5).t(),
+                                               torch.randn(9, dtype=torch.float16)]
+    ts[0][1] = float("nan") if order == 1.0 else ts[0][1]
+    inv = torch.tensor(0.125)
+    f1, f2 = torch.zeros(()), torch.zeros(())
+    composite = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
+    got = ops.tensor_norms(ts, order, inv, f1)
+    want = ops.tensor_norms.default.redispatch(composite, ts, order, inv, f2)
+    assert got.dtype == want.dtype == torch.float32
+    assert torch.equal(f1, f2) and f1.item() == (order == 1.0)
+    assert torch.equal(got.isnan(), want.isnan())
+    ok = ~got.isnan()
+    assert ((got[ok] - want[ok]).abs() <= 2e-5 * want[ok].abs()).all(), (got, want)
+
+
+def test_tensor_norms_bad_input_raises_and_writes_nothing():
+    good = [torch.randn(3), torch.randn(4)]
+    cases = [
+        ([torch.randn(3), torch.ones(3, dtype=torch.int64)], {}, TypeError, "unsupported dtype"),
+        ([torch.randn(3), torch.randn(3, device="meta")], {}, RuntimeError,
+         r"tensors\[1\] is on meta"),
+        ([torch.randn(3), torch.randn(3).to_sparse()], {}, RuntimeError, "sparse"),
+        ([torch.randn(3), torch.zeros(0)], dict(ord=float("-inf")), RuntimeError, "empty"),
+        (good, dict(inv_scale=torch.ones(2)), ValueError, "exactly one element"),
+        (good, dict(inv_scale=torch.ones((), dtype=torch.float64)), TypeError, "float32"),
+        (good, dict(found_inf=torch.zeros((), device="meta")), RuntimeError, "found_inf is on"),
+    ]
+    for tensors, kw, exc, match in cases:
+        found = torch.zeros(())
+        tensors[0][0] = float("inf")  # found_inf would be set by a call that ran
+        with pytest.raises(exc, match=match):
+            ops.tensor_norms(tensors, **{"found_inf": found, **kw})
+        assert found.item() == 0
+        # The Meta kernel (torch.compile's trace) refuses the same.
+        meta = [t.to("meta") for t in tensors if not t.is_sparse]
+        if not (exc is RuntimeError and "is on" in match) and len(meta) == len(tensors):
+            with pytest.raises(exc, match=match):
+                ops.tensor_norms(meta, **{k: v.to("meta") for k, v in
+                                          {"found_inf": found, **kw}.items()
+                                          if isinstance(v, torch.Tensor)},
+                                 **{k: v for k, v in kw.items() if not isinstance(v, torch.Tensor)})
 
 
 def test_meta_kernels_validate_like_cpu():
