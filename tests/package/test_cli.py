@@ -35,6 +35,8 @@ TINY = textwrap.dedent("""
     import torchext.bench.asgd as a, torchext.bench.amp as m
     a.CASES = {"tiny fp32": (3, 2000, torch.float32), "tiny bf16": (2, 1000, torch.bfloat16)}
     m.SIZE = 2000
+    import torchext.bench.clip as c
+    c.SHAPES = [(30, 2000)]
 """)
 NO_TQDM = "import sys; sys.modules['tqdm'] = None\n"
 
@@ -161,6 +163,20 @@ def test_bench_json_tables_and_no_tqdm_message(tmp_path):
         assert res["bandwidth_fraction"] > 0
     assert run["results"][0]["extra"] == {"tensors": 1, "numel": 2000,
                                           "dtype": "torch.float32"}  # --quick: 10x fewer
+
+
+def test_bench_clip_tables(tmp_path):
+    out = tmp_path / "bench.json"
+    r = run_cli("bench", "--device", "cpu", "--quick", "--only", "clip", "--json", str(out),
+                prelude=NO_TQDM + TINY)
+    assert r.returncode == 0, r.stderr
+    assert "clip_grad_norm_ alone, 3 x 2000 fp32 (clipping active)" in r.stdout
+    assert "scale -> clip -> step -> update, 3 x 2000 fp32" in r.stdout
+    (run,) = json.loads(out.read_text())["runs"]
+    phase = run["results"][1]["ms"]
+    assert list(phase)[:3] == ["torchext ASGD, fused clip", "torchext ASGD, no clip",
+                               "torch recipe, SGD(momentum, fused)"]
+    assert "torch recipe, AdamW(fused)" in phase
 
 
 def test_bench_plot_without_matplotlib_fails_before_running(tmp_path):

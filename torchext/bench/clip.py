@@ -1,0 +1,126 @@
+"""Gradient clipping by norm, with clipping active (the coefficient below 1):
+
+* the drop-in ``torchext.nn.utils.clip_grad_norm_`` against
+  ``torch.nn.utils.clip_grad_norm_(foreach=True)`` (both read the grads for
+  the norm and rewrite them once: bound 12 B per fp32 element);
+* the post-backward phase of the loop people write, with a GradScaler:
+  torchext's fused clip (``scaler.clip_grad_norm_`` -> ``step`` -> ``update``:
+  one read for norm + inf check, one fused update) against torchext's own
+  phase without clipping, and against torch's recipe (``unscale_`` ->
+  ``clip_grad_norm_`` -> ``step`` -> ``update``) with torch's fused SGD, and
+  the same with torch's ``AdamW(fused=True)`` stepped by either scaler.
+
+The scale is 1.0 (huge growth interval), so that torch's in-place unscale
+leaves the gradients as they were from one repetition to the next; the
+memory traffic is the same as with any other scale. Every setup is timed in
+turns in one process (``timeit_interleaved``)."""
+import torch
+
+import torchext
+
+from .common import Result, make_params, table
+
+NAME = "clip"
+MAX_NORM = 1e-3  # below every gradient norm here: clipping is active
+
+
+#: (tensors, elements each): few large tensors, and many small ones (where
+#: torch's cost is per tensor). --quick runs a tenth of the tensors.
+SHAPES = [(200, 50_000), (10_000, 100)]
+
+
+def cases(env):
+    shapes = [f"{n // 10 if env.quick else n} x {size} fp32" for n, size in SHAPES]
+    return [f"drop-in, {s}" for s in shapes] + [f"phase, {s}" for s in shapes]
+
+
+def _shape(name):
+    n, _, size, _ = name.split(", ")[1].split()
+    return int(n), int(size)
+
+
+def _drop_in(env, name):
+    n, size = _shape(name)
+    p1 = make_params(n, size, torch.float32, env.device)
+    p2 = make_params(n, size, torch.float32, env.device)
+    seconds = env.time_interleaved({
+        "torchext.nn.utils.clip_grad_norm_":
+            lambda: torchext.nn.utils.clip_grad_norm_(p1, MAX_NORM),
+        "torch.nn.utils.clip_grad_norm_ (foreach)":
+            lambda: torch.nn.utils.clip_grad_norm_(p2, MAX_NORM, foreach=True),
+    })
+    return Result.from_seconds(NAME, name, seconds, bytes_moved=12 * n * size, env=env,
+                               extra={"tensors": n, "numel": size})
+
+
+def _phase(env, name):
+    n, size = _shape(name)
+    device = env.device
+    skw = dict(init_scale=1.0, growth_interval=10**9)
+    loss = torch.ones((), device=device)
+
+    def asgd(p):
+        return torchext.optim.ASGD(p, lr=1e-3, t0=0)
+
+    def sgd(p):
+        return torch.optim.SGD(p, lr=1e-3, momentum=0.9, fused=True)
+
+    def adamw(p):
+        return torch.optim.AdamW(p, lr=1e-3, fused=True)
+
+    def ours(make_opt, clip):
+        params = make_params(n, size, torch.float32, device)
+        opt, scaler = make_opt(params), torchext.amp.GradScaler(**skw)
+
+        def phase():
+            scaler.scale(loss)
+            if clip:
+                scaler.clip_grad_norm_(opt, MAX_NORM)
+            scaler.step(opt)
+            scaler.update()
+        return phase
+
+    def torch_recipe(make_opt):
+        params = make_params(n, size, torch.float32, device)
+        opt, scaler = make_opt(params), torch.amp.GradScaler(device, **skw)
+
+        def phase():
+            scaler.scale(loss)
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(params, MAX_NORM, foreach=True)
+            scaler.step(opt)
+            scaler.update()
+        return phase
+
+    setups = {
+        "torchext ASGD, fused clip": ours(asgd, True),
+        "torchext ASGD, no clip": ours(asgd, False),
+        "torch recipe, SGD(momentum, fused)": torch_recipe(sgd),
+        "torchext scaler + AdamW(fused), fused clip": ours(adamw, True),
+        "torchext scaler + AdamW(fused), no clip": ours(adamw, False),
+        "torch recipe, AdamW(fused)": torch_recipe(adamw),
+    }
+    for phase in setups.values():
+        phase()  # state exists before timing
+    seconds = env.time_interleaved(setups)
+    # The fused ASGD phase moves 24 B per element: a 4 B read (norm + inf
+    # check), then 20 B for the update.
+    return Result.from_seconds(NAME, name, seconds, bytes_moved=24 * n * size, env=env,
+                               extra={"tensors": n, "numel": size})
+
+
+def run_case(env, name):
+    return _drop_in(env, name) if name.startswith("drop-in") else _phase(env, name)
+
+
+def report(env, results):
+    lines = [env.header()]
+    for r in results:
+        (ours, ours_ms), *others = r.ms.items()
+        rows = [[ours, f"{ours_ms:.2f}", "1.00x", f"{r.bandwidth_fraction * 100:.0f}%"]]
+        rows += [[k, f"{ms:.2f}", f"{r.speedup[k]:.2f}x", ""] for k, ms in others]
+        title = ("clip_grad_norm_ alone" if r.case.startswith("drop-in")
+                 else "scale -> clip -> step -> update")
+        lines += [f"{title}, {r.case.split(', ')[1]} (clipping active)",
+                  table(["setup", "ms", "time / torchext's", "of bandwidth bound"], rows)]
+    return "\n".join(lines)
