@@ -19,6 +19,7 @@ Tolerances (relative, at the tensor's scale: max|ours - ref| / max|ref|):
   eager, bad input leaving every tensor bit-identical.
 """
 import dataclasses
+import math
 import random
 import time
 import traceback
@@ -286,6 +287,32 @@ def check_unscale(device, gen, rng, tally):
             tally.exact(f"grad[{i}] {g.dtype} {tuple(g.shape)}", g, r)
 
 
+def check_tensor_norms(device, gen, rng, tally):
+    """tensor_norms vs a float64 torch._foreach_norm, every order the clip
+    takes, with inv_scale/found_inf as the fused clip calls it (the norms of
+    the unscaled grads, unscale_'s check); the grads unchanged."""
+    for trial, order in enumerate((2.0, 1.0, float("inf"), float("-inf"), 0.0, 3.0, -1.0)):
+        grads = [g for g in _amp_grads(device, gen, rng) if g.numel() or 0 <= order < math.inf]
+        poisoned = trial % 3 == 2 and _poison(grads, rng)
+        before = [g.clone() for g in grads]
+        inv = torch.tensor(1.0 / rng.choice([1.0, 1024.0]), device=device)
+        found = torch.zeros((), device=device)
+        norms = ops.tensor_norms(grads, order, inv, found)
+        # The norms of the unscaled grads as unscale_ stores them, in float64.
+        ref = [(g.double() * inv.double()).to(g.dtype).double() for g in grads]
+        expected = torch.stack(torch._foreach_norm(ref, order)) if ref else norms.double()
+        tally.case()
+        tally.expect(found.item() == float(poisoned), f"found_inf={found.item()}")
+        # Each norm is rounded once to its grad's dtype: half an ulp of the widest.
+        tol = max([TOL[g.dtype] / STEPS for g in grads] + [1e-7])
+        fin = expected.isfinite()
+        tally.expect(torch.equal(norms.double().isnan(), expected.isnan()), "NaN norms")
+        if fin.any():
+            tally.close(f"norms (ord {order})", norms.double()[fin], expected[fin], tol)
+        for g, b in zip(grads, before):
+            tally.exact("tensor_norms changed a gradient", g, b)
+
+
 def check_update_scale(device, gen, rng, tally):
     """update_scale_ vs torch._amp_update_scale_ over random overflow sequences."""
     for growth_interval in (1, 3, 7):
@@ -441,6 +468,7 @@ CHECKS = [
     ("asgd_ grad_scale/found_inf", check_asgd_grad_scale, None),
     ("check_finite_", check_check_finite, None),
     ("unscale_", check_unscale, None),
+    ("tensor_norms", check_tensor_norms, None),
     ("update_scale_", check_update_scale, None),
     ("swap_", check_swap, lambda device: None if has_swap() else "op not in this build"),
     ("bad input refused", check_bad_input, None),
