@@ -28,12 +28,14 @@ def make(device="cpu", lr=0.01, seed=0):
     return model, opt, scaler
 
 
-def make_train_step(model, opt, scaler, device_type="cpu", dtype=torch.bfloat16):
+def make_train_step(model, opt, scaler, device_type="cpu", dtype=torch.bfloat16, clip=None):
     def train_step(x, y):
         opt.zero_grad(set_to_none=True)
         with torch.autocast(device_type, dtype=dtype):
             loss = torch.nn.functional.mse_loss(model(x), y)
         scaler.scale(loss).backward()
+        if clip is not None:
+            scaler.clip_grad_norm_(opt, clip)
         scaler.step(opt)
         scaler.update()
         return loss.detach()
@@ -129,6 +131,30 @@ def test_compiling_after_eager_steps_whose_plan_packed_the_state(trace_autograd_
                                    equal_nan=True)
     assert counter.graphs == 1
     assert_same_training_state(eager, compiled)
+
+
+@needs_torch(COMPILED_STEP)
+def test_fullgraph_train_step_with_fused_clip_matches_eager(trace_autograd_ops):
+    """scaler.clip_grad_norm_ inside the whole-step graph: one graph after the
+    first call, the same numbers as eager (with clipping active and an
+    overflow), and error_if_nonfinite refused at trace time."""
+    eager, compiled = make(), make()
+    eager_step = make_train_step(*eager, clip=0.05)
+    counter = CountingBackend("aot_eager")
+    compiled_step = torch.compile(make_train_step(*compiled, clip=0.05), fullgraph=True,
+                                  backend=counter)
+    for x, y in batches(8, inf_at=(4,)):
+        torch.testing.assert_close(compiled_step(x, y), eager_step(x, y), rtol=0, atol=0,
+                                   equal_nan=True)
+    assert counter.graphs == 2
+    assert compiled[2].num_skipped_steps() == 1
+    assert_same_training_state(eager, compiled)
+    m, o, sc = make()
+    sc.scale(m(torch.ones(1, 8)).sum()).backward()
+    refused = torch.compile(lambda: sc.clip_grad_norm_(o, 1.0, error_if_nonfinite=True),
+                            fullgraph=True, backend="aot_eager")
+    with pytest.raises(Exception, match="error_if_nonfinite=True reads the total norm"):
+        refused()
 
 
 @needs_torch(COMPILED_STEP)
