@@ -413,8 +413,44 @@ def _run_example(tmpdir, ports):
     assert resumed == straight, (resumed, straight)
 
 
+def _scenario_fsdp_fused_clip(rank, world, tmpdir):
+    """scaler.clip_grad_norm_ on sharded grads: the global norm (each rank's
+    partial sum all-reduced), the same on every rank, equal to torch's recipe
+    on the global batch; clipping active, 2-norm and inf-norm steps."""
+    model = _fsdp_model(world)
+    opt, scaler = _torchext(model)
+    orders = [2.0 if step % 2 else float("inf") for step in range(STEPS)]
+    norms = []
+    for step in range(STEPS):
+        x, y = _batch(step)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(_local(x, rank, world)),
+                                            _local(y, rank, world))
+        scaler.scale(loss).backward()
+        norms.append(scaler.clip_grad_norm_(opt, 0.05, orders[step]))
+        _assert_same_on_all_ranks(norms[-1])
+        scaler.step(opt)
+        scaler.update()
+    ref_model = _model()
+    ref_opt = torch.optim.ASGD(ref_model.parameters(), foreach=False, **HP)
+    ref_scaler = torch.amp.GradScaler("cpu", **SCALER)
+    for step in range(STEPS):
+        x, y = _batch(step)
+        ref_opt.zero_grad()
+        ref_scaler.scale(torch.nn.functional.mse_loss(ref_model(x), y)).backward()
+        ref_scaler.unscale_(ref_opt)
+        ref_norm = torch.nn.utils.clip_grad_norm_(ref_model.parameters(), 0.05, orders[step])
+        assert ref_norm > 0.05  # clipping is active
+        assert type(norms[step]) is torch.Tensor
+        torch.testing.assert_close(norms[step], ref_norm, rtol=1e-5, atol=0)
+        ref_scaler.step(ref_opt)
+        ref_scaler.update()
+    _assert_matches_reference(model, opt, scaler, ref_model, ref_opt, ref_scaler)
+
+
 SCENARIOS = {
     "ddp": _scenario_ddp,
+    "fsdp_fused_clip": _scenario_fsdp_fused_clip,
     "fsdp": _scenario_fsdp,
     "overflow": _scenario_overflow,
     "checkpoint": _scenario_checkpoint,
@@ -432,6 +468,12 @@ def test_fsdp2_matches_single_process(tmp_path):
     """FSDP2 (DTensor params, uneven and empty shards, unscale_ + clipping on
     some steps) == torch on the global batch; ax is sharded like the param."""
     _spawn("fsdp", tmp_path)
+
+
+def test_fsdp2_fused_clip_gives_the_global_norm(tmp_path):
+    """GradScaler.clip_grad_norm_ with DTensor grads: the global norm on every
+    rank, and the training of torch's unscale_ + clip_grad_norm_ recipe."""
+    _spawn("fsdp_fused_clip", tmp_path)
 
 
 def test_one_rank_overflow_skips_on_every_rank(tmp_path):

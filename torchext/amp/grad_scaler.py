@@ -345,24 +345,21 @@ class GradScaler(torch.amp.GradScaler):
             return total
         if not grads.lists:
             return torch.tensor(0.0)  # torch's clip of no gradients
-        norms_op = torch.ops.torchext.tensor_norms
-        if unscaled:  # found_inf was recorded by unscale_
-            grads.validate(lambda ts, found: norms_op(ts, norm_type))
-        else:
-            grads.validate(lambda ts, found: norms_op(ts, norm_type, None, found))
-            inv_scale = self._scale.double().reciprocal().float()
+        lists = grads.lists
+        if grads.sharded:  # an empty local shard adds nothing to the global norm
+            lists = {d: [t for t in ts if t.numel()] for d, ts in lists.items()}
+        _clip.validate_norms(list(lists.values()), norm_type, check=not unscaled)
+        inv_scale = None if unscaled else self._scale.double().reciprocal().float()
         found_per_device: dict[torch.device, Tensor] = {}
         norms = []
         with torch.no_grad():
-            for device, tensors in grads.lists.items():
-                if unscaled:
-                    norms.append(norms_op(tensors, norm_type))
-                    continue
-                found = torch.zeros((), dtype=torch.float32, device=device)
-                norms.append(norms_op(tensors, norm_type, inv_scale.to(device, non_blocking=True),
-                                      found))
-                found_per_device[device] = found
-            total = _clip.total_norm_of(norms, norm_type, next(iter(grads.lists)))
+            for device, tensors in lists.items():
+                found = None
+                if not unscaled:  # (else unscale_ recorded found_inf)
+                    found = found_per_device[device] = torch.zeros((), dtype=torch.float32,
+                                                                   device=device)
+                norms.append(_clip.norms_of(tensors, norm_type, device, inv_scale, found))
+            total = _clip.total_norm_of(norms, norm_type, next(iter(lists)))
             if grads.sharded:
                 total = _clip.reduce_sharded(total, norm_type, self._sharded_group())
             _clip.check_nonfinite(total, norm_type, error_if_nonfinite)

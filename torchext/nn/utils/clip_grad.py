@@ -17,6 +17,7 @@ than CPU/CUDA) go to torch's own function, which gives torch's result.
 """
 from __future__ import annotations
 
+import math
 import types
 import warnings
 from typing import Iterable
@@ -101,15 +102,35 @@ def reduce_sharded(total_norm: Tensor, norm_type: float, group) -> Tensor:
     return (partial ** (1.0 / norm_type)).to(total_norm.dtype)
 
 
+def validate_norms(lists: list[list[Tensor]], norm_type: float, check: bool = False) -> None:
+    """The op's checks of every device's list but the first (which the op
+    checks in full before it reads), on meta shadows: a list refused on a
+    later device is refused before anything was computed or recorded."""
+    found = torch.zeros((), device="meta") if check else None
+    for ts in lists[1:]:
+        torch.ops.torchext.tensor_norms([torch.empty_like(t, device="meta") for t in ts],
+                                        norm_type, None, found)
+
+
+def norms_of(tensors: list[Tensor], norm_type: float, device: torch.device,
+             inv_scale: Tensor | None = None, found_inf: Tensor | None = None) -> Tensor:
+    """One device's per-tensor norms (``tensor_norms``); for no tensors (a
+    rank whose shards are all empty) the norm that adds nothing to a total:
+    0, or inf for negative orders (inf ** p == 0)."""
+    if not tensors:
+        return torch.full((1,), math.inf if norm_type < 0 else 0.0, device=device)
+    if inv_scale is not None:
+        inv_scale = inv_scale.to(device, non_blocking=True)
+    return torch.ops.torchext.tensor_norms(tensors, norm_type, inv_scale, found_inf)
+
+
 def device_norms(tensors: list[Tensor], norm_type: float) -> dict[torch.device, Tensor]:
     """Per device, the per-tensor norms of ``tensors`` (one op call each),
     every device's list checked before the first is read."""
     by_device = {d: _devices.pick(tensors, idx)
                  for d, idx in _devices.indices_by_device(tensors).items()}
-    norms_op = torch.ops.torchext.tensor_norms
-    for ts in list(by_device.values())[1:]:  # the op checks its own list in full
-        norms_op([torch.empty_like(t, device="meta") for t in ts], norm_type)
-    return {d: norms_op(ts, norm_type) for d, ts in by_device.items()}
+    validate_norms(list(by_device.values()), norm_type)
+    return {d: norms_of(ts, norm_type, d) for d, ts in by_device.items()}
 
 
 def multiply_(tensors: list[Tensor], factor: Tensor) -> None:
