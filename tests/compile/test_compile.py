@@ -348,17 +348,19 @@ def test_cuda_sync_debug_mode(capturable):
 
 
 @requires_cuda
-@pytest.mark.parametrize("what", ["step_update", "whole_step"])
+@pytest.mark.parametrize("what", ["step_update", "whole_step", "whole_step_fused_clip"])
 def test_cuda_graph_capture_and_replay_matches_eager(what):
     eager, captured = make("cuda"), make("cuda")
     data = batches(8, "cuda", inf_at=(4,))
     static_x, static_y = data[0][0].clone(), data[0][1].clone()
     model, opt, scaler = captured
-    e_step = make_train_step(*eager, device_type="cuda", dtype=torch.float16)
+    clip = 0.05 if what == "whole_step_fused_clip" else None
+    e_step = make_train_step(*eager, device_type="cuda", dtype=torch.float16, clip=clip)
 
     def body():
-        if what == "whole_step":
-            make_train_step(model, opt, scaler, "cuda", torch.float16)(static_x, static_y)
+        if what != "step_update":
+            make_train_step(model, opt, scaler, "cuda", torch.float16, clip=clip)(static_x,
+                                                                                  static_y)
         else:
             scaler.step(opt)
             scaler.update()
@@ -395,7 +397,7 @@ def test_cuda_graph_capture_and_replay_matches_eager(what):
             scaler.scale(loss).backward()
         g.replay()
     torch.cuda.synchronize()
-    if what == "whole_step":
+    if what != "step_update":
         assert_same_training_state(eager, captured, tol=1e-3)
 
 

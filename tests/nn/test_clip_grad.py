@@ -108,6 +108,15 @@ def test_overflowing_norm_of_finite_fp16_grads_clips_to_zero_as_torch():
     assert torch.equal(p.grad, q.grad) and (p.grad == 0).all()
 
 
+def test_foreach_true_on_a_device_without_foreach_raises_as_torch():
+    p = torch.nn.Parameter(torch.ones(3, device="meta"))
+    p.grad = torch.ones(3, device="meta")
+    for fn in (torch.nn.utils.clip_grad_norm_, clip_grad_norm_):
+        with pytest.raises(RuntimeError, match="foreach=True was passed, but can't use the "
+                                               "foreach API on meta tensors"):
+            fn([p], 1.0, foreach=True)
+
+
 def test_clip_grads_with_norm_and_nonfinite_error():
     ps = params_with_grads(torch.float32)
     qs = twins(ps)
