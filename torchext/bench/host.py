@@ -121,3 +121,39 @@ def report(env, results):
                "us per extra tensor (torchext / torch)", "target"], rows),
         legend,
     ])
+
+
+def ranges(repeat=3, quick=False):
+    """Every case measured ``repeat`` times in this process (the runs one
+    after another): {case: (list of torchext us, list of torch us)}."""
+    from .common import Env
+    env = Env("cpu", quick)
+    out = {}
+    for _ in range(repeat):
+        for name in cases(env):
+            (a, b) = run_case(env, name).ms.values()
+            us = out.setdefault(name, ([], []))
+            us[0].append(a * 1e3)
+            us[1].append(b * 1e3)
+    return out
+
+
+def main(argv=None):
+    """``python -m torchext.bench.host [--repeat 3]``: the table of
+    docs/benchmarks.md, as ranges (min-max) over repeated runs."""
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m torchext.bench.host")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args(argv)
+    rows = []
+    for name, (ours, theirs) in ranges(args.repeat, args.quick).items():
+        ratios = [a / b for a, b in zip(ours, theirs)]
+        rows.append([name, f"{min(ours):.1f}-{max(ours):.1f}", f"{min(theirs):.1f}-{max(theirs):.1f}",
+                     f"{min(ratios):.2f}-{max(ratios):.2f}x"])
+    print(f"{args.repeat} runs, torch {torch.__version__}, 1 thread, {NUMEL}-element tensors")
+    print(table(["case", "torchext us", "torch us", "torchext / torch"], rows))
+
+
+if __name__ == "__main__":
+    main()
