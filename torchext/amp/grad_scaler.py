@@ -168,7 +168,10 @@ class GradScaler(torch.amp.GradScaler):
         if isinstance(outputs, Tensor):
             if self._scale is None:
                 self._lazy_init_scale_growth_tracker(outputs.device)
-            return outputs * self._scale.to(device=outputs.device, non_blocking=True)
+            scale = self._scale
+            if scale.device != outputs.device:  # (a .to that moves nothing still costs)
+                scale = scale.to(device=outputs.device, non_blocking=True)
+            return outputs * scale
         per_device: dict[torch.device, Tensor] = {}
 
         def apply_scale(val):
@@ -293,7 +296,8 @@ class GradScaler(torch.amp.GradScaler):
     # ------------------------------------------------------------------ step
 
     def _combined_found_inf(self, states) -> Tensor:
-        found_infs = [f.to(self._scale.device, non_blocking=True)
+        device = self._scale.device
+        found_infs = [f if f.device == device else f.to(device, non_blocking=True)
                       for state in states for f in state["found_inf_per_device"].values()]
         if not found_infs:
             raise AssertionError("No inf checks were recorded prior to update.")
