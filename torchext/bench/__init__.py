@@ -12,7 +12,7 @@ JSON written by ``--json`` (``SCHEMA_VERSION`` = 1)::
         "bandwidth_GBps": {"bound": 40.1, "copy": 25.1, "inplace_add": 40.1},
         "array_MiB": 512,                       # array size of the bandwidth measurement
         "results": [
-          {"benchmark": "asgd",                 # asgd | amp | clip | compile
+          {"benchmark": "asgd",                 # asgd | amp | clip | compile | gpu_targets | host
            "case": "(a) 200 x 50k fp32",
            "ms": {"torchext": 3.12, "torch foreach": 17.3, ...},  # torchext's setup first
            "speedup": {"torch foreach": 5.56, ...},  # other setup's ms / torchext's ms
@@ -25,10 +25,10 @@ import torch
 
 import torchext
 
-from . import amp, asgd, clip, compile, gpu_targets
+from . import amp, asgd, clip, compile, gpu_targets, host
 from .common import Env, Result, bandwidth
 
-BENCHMARKS = {m.NAME: m for m in (asgd, amp, clip, compile, gpu_targets)}
+BENCHMARKS = {m.NAME: m for m in (asgd, amp, clip, compile, gpu_targets, host)}
 SCHEMA_VERSION = 1
 
 

@@ -116,7 +116,8 @@ def parser():
     p.add_argument("--quick", action="store_true",
                    help="10x fewer tensors, 64 MiB bandwidth arrays, few repeats (smoke run)")
     p.add_argument("--only", metavar="NAMES",
-                   help="comma-separated subset of: asgd, amp, compile (default: all)")
+                   help="comma-separated subset of: asgd, amp, compile, gpu_targets, host "
+                        "(default: all)")
     p.add_argument("--plot", metavar="PNG", help="bar chart of speed-ups and bandwidth "
                    "fractions (needs matplotlib: pip install torchext[bench])")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON (schema: "

@@ -146,14 +146,14 @@ class SlotGroup:
     """The params of one param group on one device with one t0: what one op
     call steps. ``axs[i]`` is None while ``params[i]`` has no state."""
     __slots__ = ("device", "t0", "params", "axs", "mus", "etas", "steps", "views", "native",
-                 "plain", "_args_key", "_args")
+                 "native_run", "native_check", "plain", "_args_key", "_args")
 
     def __init__(self, device: torch.device, t0: float, params: list[Tensor]) -> None:
         self.device = device
         self.t0 = t0
         self.params = params
         self.axs: list[Tensor | None] = [None] * len(params)
-        self.native = None
+        self.native = self.native_run = self.native_check = None
         self.plain = all(type(p) in _PLAIN for p in params)
         self._args_key = None
         self._args = None
@@ -214,10 +214,14 @@ class SlotGroup:
         return self._args[:2]
 
     def holder(self):
-        """The C++ holder of this slot group's lists (made at first use)."""
+        """The C++ holder of this slot group's lists (made at first use),
+        its ``run`` and ``check_finite`` bound once as ``native_run`` and
+        ``native_check`` (a torchbind method looked up costs ~1 us a step)."""
         if self.native is None:
-            self.native = torch.classes.torchext.ASGDHolder(
+            native = torch.classes.torchext.ASGDHolder(
                 self.params, self.axs, self.mus, self.etas, self.steps)
+            self.native_run, self.native_check = native.run, native.check_finite
+            self.native = native
         return self.native
 
 

@@ -98,25 +98,26 @@ class ReferenceCall(ListCall):
 class HolderCall:
     """The fused op over a slot group's lists held in C++ (an eager-mode
     optimisation of ``FusedCall``: no list passes from Python; the holder
-    reads each param's .grad). ``lr`` is the op's lr tensor and ``hyper``
-    the hyperparameters as a list in schema order (``_op.lr_tensor``,
+    reads each param's .grad). ``run`` is the holder's ``run`` method
+    (``SlotGroup.native_run``), ``lr`` the op's lr tensor and ``hyper`` the
+    hyperparameters as a list in schema order (``_op.lr_tensor``,
     ``_op.hyper_list``; the slot group keeps them between steps).
     ``make_state(indices)`` is called for params that have a grad but no
     state yet, before anything is validated or written."""
-    __slots__ = ("holder", "args", "make_state")
+    __slots__ = ("holder_run", "args", "make_state")
     atomic = True
 
-    def __init__(self, holder, lr: Tensor, hyper: list[float], grad_scale, found_inf,
+    def __init__(self, run, lr: Tensor, hyper: list[float], grad_scale, found_inf,
                  make_state) -> None:
-        self.holder = holder
+        self.holder_run = run
         self.args = (lr, hyper, grad_scale, found_inf)
         self.make_state = make_state
 
     def _run(self, validate_only: bool) -> None:
-        missing = self.holder.run(validate_only, *self.args)
+        missing = self.holder_run(validate_only, *self.args)
         if missing:  # nothing was done: create their state, then the call
             self.make_state(missing)
-            self.holder.run(validate_only, *self.args)
+            self.holder_run(validate_only, *self.args)
 
     def validate(self) -> None:
         self._run(True)
