@@ -1,7 +1,7 @@
 """pytest setup for the whole suite: the tested torchext (checkout or installed
 wheel), the compiler handed to inductor in the no-compiler run, and the order
 in which the folders run. Tests live by what they test: ops/, optim/, amp/,
-compile/, checkpoints/, package/, integrations/."""
+nn/ (gradient clipping), compile/, checkpoints/, package/, integrations/."""
 import os
 import sys
 
