@@ -336,6 +336,23 @@ def test_fused_none_picks_fused_op_on_meta():
         ASGD([p], fused=False).step()
 
 
+def test_fused_none_is_decided_over_every_param_of_the_group():
+    # The fused default looks at every param of the group, with a grad or
+    # not (the slot groups are built before any grad exists), as C++'s
+    # ASGD::step (cpp_tests ASGD.FusedDefaultCountsParamsWithoutGrads, the
+    # same case). A param without a grad on the lazy device (no torchext
+    # kernels) makes the group unfused, so the meta param beside it takes
+    # the reference step, which reads eta on the host and cannot on meta.
+    import torch._lazy.ts_backend
+    torch._lazy.ts_backend.init()
+    meta = torch.nn.Parameter(torch.empty(3, device="meta"))
+    lazy = torch.nn.Parameter(torch.zeros(3, device="lazy"))
+    meta.grad = torch.empty(3, device="meta")
+    with pytest.raises((RuntimeError, NotImplementedError), match="meta"):
+        ASGD([meta, lazy]).step()
+    ASGD([meta]).step()  # alone, the meta param takes the fused op (its Meta kernel)
+
+
 def test_pickle_and_deepcopy():
     m = small_model()
     opt = ASGD(m.parameters(), **KW)
