@@ -48,12 +48,8 @@ struct DeviceCall {
 
   ASGDArgs args(const ASGDOptions& o, const at::Tensor& lr) const {
     // (TensorRefs point into this DeviceCall's lists: use the args while it lives.)
-    ASGDArgs a = asgd_args(TensorRefs(params), TensorRefs(grads), TensorRefs(axs), lr, hyper(o),
-                           grad_scale, found_inf);
-    a.mus = TensorRefs(mus);
-    a.etas = TensorRefs(etas);
-    a.steps = TensorRefs(steps);
-    return a;
+    return asgd_args(TensorRefs(params), TensorRefs(grads), TensorRefs(axs), TensorRefs(mus),
+                     TensorRefs(etas), TensorRefs(steps), lr, hyper(o), grad_scale, found_inf);
   }
 
   // One asgd_ call through the dispatcher, as Python makes it.
