@@ -6,6 +6,7 @@
 #include <torchext/torchext.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/lazy/ts_backend/ts_backend_impl.h>
 
 #include <limits>
 
@@ -224,6 +225,22 @@ TEST(ASGD, FusedDefaultMetaParamsTakeTheFusedOpAsInPython) {
   EXPECT_NO_THROW(ASGD({meta}, ASGDOptions(0.25).fused(true)).step());
   ASGD unfused({meta}, ASGDOptions(0.25).fused(false));
   EXPECT_ANY_THROW(unfused.step());
+}
+
+// The fused default is decided over every param of the group, with a grad
+// or not, as in Python (test_asgd_optimizer.py's
+// test_fused_none_is_decided_over_every_param_of_the_group, the same case):
+// a param without a grad on the lazy device (no torchext kernels) makes the
+// group unfused, so the meta param beside it takes the reference step,
+// which reads eta on the host and cannot on meta.
+TEST(ASGD, FusedDefaultCountsParamsWithoutGrads) {
+  torch::lazy::InitTorchScriptBackend();
+  auto meta = torch::empty({3}, torch::kMeta).requires_grad_();
+  auto lazy = torch::zeros({3}, torch::Device(torch::kLazy)).requires_grad_();
+  meta.mutable_grad() = torch::empty({3}, torch::kMeta);
+  ASGD with_lazy({meta, lazy}, ASGDOptions(0.25));
+  EXPECT_THROW_MSG(with_lazy.step(), "_local_scalar_dense");  // item() on meta
+  EXPECT_NO_THROW(ASGD({meta}, ASGDOptions(0.25)).step());  // alone: the fused op
 }
 
 // ASGD's split of a group into op calls, one per device and t0, gives the

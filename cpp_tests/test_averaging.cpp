@@ -93,3 +93,34 @@ TEST(Averaging, StartAveragingGivesTheMeanOfTheNextIterates) {
     EXPECT_TRUE(torchext_test::close(ax_of(opt, params[k]), sums[k] / m, 1e-6, 1e-7));
   }
 }
+
+// All or nothing across devices, as Python's averaged_parameters: a meta
+// parameter (a second device on a CPU-only machine) whose 'ax' swap_ refuses
+// (another dtype) comes after a CPU one that swap_ accepts; the guard throws
+// and every parameter and 'ax' holds what it held before.
+TEST(Averaging, RefusedSecondDeviceLeavesEveryParameterUnchanged) {
+  auto cpu = torch::randn({3}).requires_grad_();
+  auto meta = torch::empty({3}, torch::kMeta).requires_grad_();
+  torchext::optim::ASGD opt({cpu, meta}, torchext::optim::ASGDOptions(0.25).t0(0));
+  for (int i = 0; i < 3; ++i) {
+    cpu.mutable_grad() = torch::randn({3});
+    meta.mutable_grad() = torch::empty({3}, torch::kMeta);
+    opt.step();
+  }
+  auto& meta_state =
+      static_cast<torchext::optim::ASGDParamState&>(*opt.state().at(meta.unsafeGetTensorImpl()));
+  const auto bad_ax = torch::empty({3}, torch::TensorOptions(torch::kMeta).dtype(torch::kDouble));
+  meta_state.ax(bad_ax);
+  const auto cpu_before = cpu.detach().clone();
+  const auto cpu_ax_before = ax_of(opt, cpu).clone();
+  ASSERT_FALSE(torch::equal(cpu_before, cpu_ax_before));  // a swap would show
+  EXPECT_THROW_MSG({ auto guard = opt.averaged_parameters(); }, "dtype");
+  EXPECT_TRUE(torch::equal(cpu, cpu_before));
+  EXPECT_TRUE(torch::equal(ax_of(opt, cpu), cpu_ax_before));
+  EXPECT_TRUE(ax_of(opt, meta).is_same(bad_ax));
+  // The optimizer is not left marked as averaging: it steps again.
+  cpu.mutable_grad() = torch::randn({3});
+  meta.mutable_grad() = torch::empty({3}, torch::kMeta);
+  meta_state.ax(torch::empty({3}, torch::kMeta));
+  EXPECT_NO_THROW(opt.step());
+}

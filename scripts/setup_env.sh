@@ -4,7 +4,7 @@
 # built in place against that torch. Source it; it leaves $PY set.
 #
 #   TORCH_VERSION  torch to install (default 2.15.0, the newest supported, as
-#                  pip gives it; 2.11.0 to 2.14.1: see scripts/venv.sh)
+#                  pip gives it; the older ones: see scripts/venv.sh)
 #   VENV           where the environment lives (default .venv-$TORCH_VERSION)
 #   TORCHEXT_CUDA  0/1 to force the CUDA kernels off/on (default: auto)
 set -euo pipefail

@@ -9,7 +9,7 @@ A fence's info string is its language, then tags:
                           GPU and torchext's CUDA kernels are
     ```python compiled-step
                           runs only where torch can compile the whole step
-                          (torchext._compile_compat.COMPILED_STEP: torch >= 2.13)
+                          (torchext._compile_compat.COMPILED_STEP: torch >= 2.12)
     ```cpp                a complete program (a main): compiled against
                           find_package(torchext) and run, exit status 0
                           (the downstream_docs ctest, cpp_tests/downstream.sh)

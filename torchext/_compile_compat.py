@@ -126,14 +126,20 @@ class TorchFeature(NamedTuple):
             raise TorchTooOldError(self.message())
 
 
-# (6) A compiled optimizer step. Dynamo before torch 2.13 cannot set an
+# (5) Dynamo skips code defined in torch/amp/grad_scaler.py, so every method
+# of torch.amp.GradScaler a compiled step calls is defined again in
+# torchext's GradScaler (torchext/amp/grad_scaler.py; tests/helpers.py
+# SCALER_OVERRIDES lists them), not inherited.
+
+# (6) A compiled optimizer step. Dynamo before torch 2.12 cannot set an
 # attribute on an optimizer inside a graph ("Attempted setattr on a
 # user-defined object that does not have an AttributeMutation mutation_type"),
 # and a step sets several: `_opt_called` (see (1)), and GradScaler hands
-# `grad_scale`/`found_inf` over that way. It also mistraces `p.grad = None` on
-# params reached through `param_groups` ahead of an in-graph backward (the
-# step then sees no gradient: "No inf checks were recorded prior to update";
-# without fullgraph=True, silently: nothing updates).
+# `grad_scale`/`found_inf` over that way; and torch 2.11's fullgraph step
+# loses the gradients of the in-graph backward ahead of the step ("No inf
+# checks were recorded prior to update"; without fullgraph=True, silently:
+# nothing updates). torch 2.12 does both (tests/compile/test_compile_compat.py
+# probes each; on 2.12.1 the whole-step tests pass).
 # On such a torch the steps are not traced (gate_compiled_step): without
 # fullgraph=True the graph breaks there and the step runs eagerly, which
 # works; with fullgraph=True the first call fails with this message. The compiled
@@ -141,7 +147,7 @@ class TorchFeature(NamedTuple):
 COMPILED_STEP = TorchFeature(
     "A training step compiled whole with torch.compile(fullgraph=True) (torchext's "
     "opt.zero_grad, opt.step or scaler.step inside the graph)",
-    (2, 13),
+    (2, 12),
     "Older Dynamo cannot set attributes on an optimizer in a graph, and loses the gradients "
     "of a backward traced after zero_grad. Compile the model only "
     "and run scaler.step(opt)/opt.step() eagerly (docs/compile.md), or drop fullgraph=True "

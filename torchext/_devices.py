@@ -1,8 +1,13 @@
 """Grouping by device, written once for torchext's Python code.
 
-The ops take lists on one device, so every front end that accepts tensors on
-several devices (the functional ASGD, GradScaler) splits its lists with
-:func:`indices_by_device` and :func:`pick`.
+The ops take lists on one device, and a host read is one sync per device, so
+every grouping by device in torchext's Python goes through
+:func:`indices_by_device` (with :func:`pick` for each list), devices in order
+of first appearance: ASGD's slot groups and ``functional.asgd`` (through
+:func:`indices_by_device_and_key`), the scaler's grads (``amp/_grads.py``),
+the averaged weights' swap and step counts (``optim/averaging.py``) and the
+checkpoint's value check (``optim/_checkpoint.py``). C++'s twin is
+csrc/api/device_groups.h (``index_by_device``, the same order).
 """
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from typing import Any, TypeVar
 import torch
 
 __all__ = ["KERNEL_DEVICES", "has_kernels", "indices_by_device", "indices_by_device_and_key",
-           "pick", "one_device", "on_device"]
+           "pick", "on_device"]
 
 #: Device types torchext's ops have kernels for (meta: the op's validation,
 #: no data). The one device rule: ASGD's ``fused=None`` default, ``fused=True``
@@ -67,10 +72,3 @@ def pick(xs: Sequence[T], idx: Sequence[int]) -> list[T]:
     """``[xs[i] for i in idx]``: one device's part of a list."""
     return [xs[i] for i in idx]
 
-
-def one_device(tensors: Sequence[torch.Tensor]) -> torch.device | None:
-    """The device of every tensor when they share one, else None."""
-    if not tensors:
-        return None
-    device = tensors[0].device
-    return device if all(t.device == device for t in tensors) else None

@@ -48,12 +48,8 @@ struct DeviceCall {
 
   ASGDArgs args(const ASGDOptions& o, const at::Tensor& lr) const {
     // (TensorRefs point into this DeviceCall's lists: use the args while it lives.)
-    ASGDArgs a = asgd_args(TensorRefs(params), TensorRefs(grads), TensorRefs(axs), lr, hyper(o),
-                           grad_scale, found_inf);
-    a.mus = TensorRefs(mus);
-    a.etas = TensorRefs(etas);
-    a.steps = TensorRefs(steps);
-    return a;
+    return asgd_args(TensorRefs(params), TensorRefs(grads), TensorRefs(axs), TensorRefs(mus),
+                     TensorRefs(etas), TensorRefs(steps), lr, hyper(o), grad_scale, found_inf);
   }
 
   // One asgd_ call through the dispatcher, as Python makes it.
@@ -453,8 +449,12 @@ void ASGD::step_impl(const torch::Tensor* grad_scale, const torch::Tensor* found
       t0s.push_back(o.t0_per_param().empty() ? o.t0() : o.t0_per_param()[k]);
     }
     if (all.params.empty()) continue;
+    // The fused default is decided over every param of the group, with a
+    // grad or not, as Python's (functional.use_fused over the group's params,
+    // fixed when its slot groups are built): a param without a grad on a
+    // device without kernels makes the group unfused in both.
     bool all_fused_devices = true;
-    for (const auto& p : all.params) all_fused_devices = all_fused_devices && fused_device(p.device());
+    for (const auto& p : group.params()) all_fused_devices = all_fused_devices && fused_device(p.device());
     GroupPlan plan{&o, o.fused().value_or(all_fused_devices), lr, gi, {}};
     // One op call per device and t0, as Python's slot groups (the op itself
     // groups by dtype).

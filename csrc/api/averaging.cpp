@@ -2,12 +2,13 @@
 // side of torchext/optim/averaging.py (same rules, see its docstrings).
 #include <torchext/optim/averaging.h>
 
+#include "device_groups.h"
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
 
 #include <algorithm>
-#include <map>
 #include <utility>
 
 namespace torchext {
@@ -16,18 +17,26 @@ namespace {
 
 using SwapOp = void(at::TensorList, at::TensorList);
 
+// One swap_ per device (the op takes one device per call; each call
+// validates its lists before it swaps), devices in order of first
+// appearance. All or nothing, as Python's averaging._swap: when a device's
+// call is refused, the devices already swapped are swapped back (a second
+// swap restores both bit for bit) before the error propagates.
 void swap_all(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
   static const auto op =
       c10::Dispatcher::singleton().findSchemaOrThrow("torchext::swap_", "").typed<SwapOp>();
   at::NoGradGuard no_grad;
-  // swap_ takes one device per call.
-  std::map<std::pair<int, int>, std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>>> by;
-  for (size_t i = 0; i < a.size(); ++i) {
-    auto& slot = by[{static_cast<int>(a[i].device().type()), a[i].device().index()}];
-    slot.first.push_back(a[i]);
-    slot.second.push_back(b[i]);
+  std::vector<std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>>> done;
+  try {
+    for (const auto& [device, idx] : api::index_by_device(a)) {
+      auto lists = std::make_pair(api::pick(a, idx), api::pick(b, idx));
+      op.call(lists.first, lists.second);
+      done.push_back(std::move(lists));
+    }
+  } catch (...) {
+    for (const auto& [xs, ys] : done) op.call(xs, ys);
+    throw;
   }
-  for (const auto& [device, lists] : by) op.call(lists.first, lists.second);
 }
 
 }  // namespace
@@ -44,7 +53,7 @@ AveragedParameters::AveragedParameters(ASGD& optimizer) : optimizer_(optimizer) 
       axs_.push_back(static_cast<const ASGDParamState&>(*it->second).ax());
     }
   }
-  swap_all(params_, axs_);  // validates before it swaps anything
+  swap_all(params_, axs_);  // all or nothing: throws with nothing swapped
   optimizer.averaged_in_ = true;
 }
 

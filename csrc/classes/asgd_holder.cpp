@@ -85,8 +85,8 @@ struct ASGDHolder : torch::CustomClassHolder {
   };
 
   // One step of asgd_.packed over the held lists with every param's current
-  // .grad. `hyper`: the op's hyperparameters in schema order (lambd, alpha,
-  // t0, weight_decay, maximize; Python's _op.hyper_list).
+  // .grad. `hyper`: the op's hyperparameters in schema order (Python's
+  // _op.hyper_list; read by ASGDHyperparams::from_values, asgd_args.h).
   // validate_only: the op's Meta kernel (its validation alone, which writes
   // nothing) on the real tensors. Returns the indices of params that have a
   // grad but no state yet, having done nothing, when there are some (the
@@ -98,10 +98,8 @@ struct ASGDHolder : torch::CustomClassHolder {
     const HoldNothing after{this};
     auto missing = gather_grads();
     if (!missing.empty()) return missing;
-    TORCH_CHECK(hyper.size() == 5, "ASGDHolder.run: expected 5 hyperparameters, got ",
-                hyper.size());
-    const ASGDHyperparams h{hyper[0], hyper[1], hyper[2], hyper[3], hyper[4] != 0.0};
-    auto stack = asgd_stack(params, grads, axs, mus, etas, steps, lr, h, grad_scale, found_inf);
+    auto stack = asgd_stack(params, grads, axs, mus, etas, steps, lr,
+                            ASGDHyperparams::from_values(hyper), grad_scale, found_inf);
     const c10::OperatorHandle& op = asgd_op(ASGDState::kPacked);
     if (validate_only) {
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &stack);

@@ -1,6 +1,11 @@
 #include "asgd_args.h"
 
+#include <c10/util/StringUtil.h>
+
+#include <iterator>
+#include <string>
 #include <utility>
+#include <vector>
 
 namespace torchext {
 
@@ -10,14 +15,39 @@ void* element_ptr(const at::Tensor& packed, size_t i) {
   return static_cast<char*>(packed.data_ptr()) + i * packed.element_size();
 }
 
+// ASGDHyperparams' order is the schema's: the names of the keyword-only
+// scalars between lr and grad_scale, checked once per overload.
+c10::OperatorHandle checked_asgd_op(const char* overload) {
+  auto op = c10::Dispatcher::singleton().findSchemaOrThrow("torchext::asgd_", overload);
+  std::vector<std::string> names;
+  for (const auto& a : op.schema().arguments()) {
+    if (a.kwarg_only() && a.name() != "lr" && a.name() != "grad_scale" &&
+        a.name() != "found_inf") {
+      names.push_back(a.name());
+    }
+  }
+  const std::vector<std::string> ours(std::begin(ASGDHyperparams::kNames),
+                                      std::end(ASGDHyperparams::kNames));
+  TORCH_CHECK(names == ours, "torchext::asgd_", *overload ? "." : "", overload,
+              ": the schema's hyperparameters (", c10::Join(", ", names),
+              ") are not ASGDHyperparams' (", c10::Join(", ", ours), ")");
+  return op;
+}
+
 }  // namespace
 
 const c10::OperatorHandle& asgd_op(ASGDState state) {
-  static const auto lists =
-      c10::Dispatcher::singleton().findSchemaOrThrow("torchext::asgd_", "");
-  static const auto packed =
-      c10::Dispatcher::singleton().findSchemaOrThrow("torchext::asgd_", "packed");
+  static const auto lists = checked_asgd_op("");
+  static const auto packed = checked_asgd_op("packed");
   return state == ASGDState::kPacked ? packed : lists;
+}
+
+ASGDHyperparams ASGDHyperparams::from_values(const std::vector<double>& v) {
+  constexpr size_t n = std::size(kNames);
+  TORCH_CHECK(v.size() == n, "asgd_: expected ", n, " hyperparameters (",
+              c10::Join(", ", std::vector<std::string>(std::begin(kNames), std::end(kNames))),
+              "), got ", v.size());
+  return {v[0], v[1], v[2], v[3], v[4] != 0.0};
 }
 
 torch::jit::Stack asgd_stack(c10::IValue params, c10::IValue grads, c10::IValue axs,
@@ -44,6 +74,30 @@ ASGDArgs asgd_args(TensorRefs params, TensorRefs grads, TensorRefs axs, const at
   a.lr = lr;
   a.grad_scale = grad_scale;
   a.found_inf = found_inf;
+  return a;
+}
+
+ASGDArgs asgd_args(TensorRefs params, TensorRefs grads, TensorRefs axs, TensorRefs mus,
+                   TensorRefs etas, TensorRefs steps, const at::Tensor& lr,
+                   const ASGDHyperparams& hyper, const std::optional<at::Tensor>& grad_scale,
+                   const std::optional<at::Tensor>& found_inf) {
+  ASGDArgs a = asgd_args(std::move(params), std::move(grads), std::move(axs), lr, hyper,
+                         grad_scale, found_inf);
+  a.mus = std::move(mus);
+  a.etas = std::move(etas);
+  a.steps = std::move(steps);
+  return a;
+}
+
+ASGDArgs asgd_args(TensorRefs params, TensorRefs grads, TensorRefs axs, const at::Tensor& mus,
+                   const at::Tensor& etas, const at::Tensor& steps, const at::Tensor& lr,
+                   const ASGDHyperparams& hyper, const std::optional<at::Tensor>& grad_scale,
+                   const std::optional<at::Tensor>& found_inf) {
+  ASGDArgs a = asgd_args(std::move(params), std::move(grads), std::move(axs), lr, hyper,
+                         grad_scale, found_inf);
+  a.packed_mus = mus;
+  a.packed_etas = etas;
+  a.packed_steps = steps;
   return a;
 }
 

@@ -1,11 +1,15 @@
 // An asgd_ call's arguments as the kernels read them (ASGDArgs), and the
 // handles of the op's two overloads. The schemas are plain strings in
-// schemas.cpp; every kernel is typed (asgd_registration.h) and the dispatcher
-// checks its signature against the schema at registration. A new
-// hyperparameter: the two schemas, ASGDHyperparams, the kernels' signatures
-// in asgd_registration.h and asgd_stack below, one field in the math, and a key of the same name in the
-// optimizer's param groups / ASGDOptions (Python reads the names from the
-// registered schema, torchext/optim/_op.py).
+// schemas.cpp; the kernel is typed (asgd_registration.h) and the dispatcher
+// checks its signature against the schema at registration.
+//
+// A new hyperparameter: the two schemas; ASGDHyperparams below (its field,
+// kNames, from, from_values) and asgd_stack, the one C++ home of their order
+// (asgd_op() checks kNames against the schema); the kernel's signature in
+// asgd_registration.h; one field in the math; and a key of the same name in
+// the optimizer's param groups / ASGDOptions. Python reads the names from
+// the registered schema (torchext/optim/_op.py) and hands the C++ holder
+// their values in that order (from_values).
 #pragma once
 
 #include "../utils/cpu_scalars.h"
@@ -18,11 +22,12 @@
 #include <ATen/core/stack.h>
 
 #include <optional>
+#include <vector>
 
 namespace torchext {
 
 // The keyword-only scalars of asgd_, between `lr` and `grad_scale`, in
-// schema order.
+// schema order: the fields, kNames, from_values and asgd_stack all follow it.
 struct ASGDHyperparams {
   double lambd = 0.0;
   double alpha = 0.0;
@@ -30,11 +35,16 @@ struct ASGDHyperparams {
   double weight_decay = 0.0;
   bool maximize = false;
 
+  static constexpr const char* kNames[] = {"lambd", "alpha", "t0", "weight_decay", "maximize"};
+
   // From any object with these names as getters (ASGDOptions).
   template <typename Options>
   static ASGDHyperparams from(const Options& o) {
     return {o.lambd(), o.alpha(), o.t0(), o.weight_decay(), o.maximize()};
   }
+  // From their values in schema order, bools as 0/1 (what Python's
+  // _op.hyper_list gives the C++ holder).
+  static ASGDHyperparams from_values(const std::vector<double>& values);
 };
 
 struct ASGDArgs : ASGDHyperparams {
@@ -85,9 +95,18 @@ torch::jit::Stack asgd_stack(c10::IValue params, c10::IValue grads, c10::IValue 
                              const std::optional<at::Tensor>& grad_scale,
                              const std::optional<at::Tensor>& found_inf);
 
-// ASGDArgs over one call's arguments, the state left to the caller. The
-// TensorRefs point into the caller's lists: use the result while they live.
+// ASGDArgs over one call's arguments. The TensorRefs point into the
+// caller's lists: use the result while they live. Without state (left to
+// the caller), with the state as lists (asgd_), or packed (asgd_.packed).
 ASGDArgs asgd_args(TensorRefs params, TensorRefs grads, TensorRefs axs, const at::Tensor& lr,
+                   const ASGDHyperparams& hyper, const std::optional<at::Tensor>& grad_scale,
+                   const std::optional<at::Tensor>& found_inf);
+ASGDArgs asgd_args(TensorRefs params, TensorRefs grads, TensorRefs axs, TensorRefs mus,
+                   TensorRefs etas, TensorRefs steps, const at::Tensor& lr,
+                   const ASGDHyperparams& hyper, const std::optional<at::Tensor>& grad_scale,
+                   const std::optional<at::Tensor>& found_inf);
+ASGDArgs asgd_args(TensorRefs params, TensorRefs grads, TensorRefs axs, const at::Tensor& mus,
+                   const at::Tensor& etas, const at::Tensor& steps, const at::Tensor& lr,
                    const ASGDHyperparams& hyper, const std::optional<at::Tensor>& grad_scale,
                    const std::optional<at::Tensor>& found_inf);
 

@@ -1,5 +1,5 @@
 // Registers one implementation of asgd_ for both overloads on one dispatch
-// key, as typed kernels that read their lists in place (ASGDArgs over the
+// key, as one typed kernel that reads its lists in place (ASGDArgs over the
 // dispatcher's c10::List: no tensor is copied). The CPU, CUDA and Meta
 // kernels register through it.
 #pragma once
@@ -10,41 +10,32 @@
 
 namespace torchext {
 
-template <void (*Impl)(const ASGDArgs&)>
-void asgd_lists_kernel(const TensorListArg& params, const TensorListArg& grads,
-                       const TensorListArg& axs, const TensorListArg& mus,
-                       const TensorListArg& etas, const TensorListArg& steps,
-                       const at::Tensor& lr, double lambd, double alpha, double t0,
-                       double weight_decay, bool maximize,
-                       const std::optional<at::Tensor>& grad_scale,
-                       const std::optional<at::Tensor>& found_inf) {
-  ASGDArgs a = asgd_args(TensorRefs(params), TensorRefs(grads), TensorRefs(axs), lr,
-                         {lambd, alpha, t0, weight_decay, maximize}, grad_scale, found_inf);
-  a.mus = TensorRefs(mus);
-  a.etas = TensorRefs(etas);
-  a.steps = TensorRefs(steps);
-  Impl(a);
-}
+// The typed kernel of both overloads: `State` is the schedule state's type,
+// TensorListArg (asgd_: lists of 0-d tensors) or at::Tensor (asgd_.packed:
+// one 1-D tensor each). The dispatcher checks this signature against each
+// schema at registration; the hyperparameters come in ASGDHyperparams'
+// order (asgd_args.h), which asgd_op() checks against the schema's names.
+// The schedule state as asgd_args takes it: a list as references into it,
+// a packed tensor as it is.
+inline TensorRefs state_arg(const TensorListArg& list) { return TensorRefs(list); }
+inline const at::Tensor& state_arg(const at::Tensor& packed) { return packed; }
 
-template <void (*Impl)(const ASGDArgs&)>
-void asgd_packed_kernel(const TensorListArg& params, const TensorListArg& grads,
-                        const TensorListArg& axs, const at::Tensor& mus, const at::Tensor& etas,
-                        const at::Tensor& steps, const at::Tensor& lr, double lambd,
-                        double alpha, double t0, double weight_decay, bool maximize,
-                        const std::optional<at::Tensor>& grad_scale,
-                        const std::optional<at::Tensor>& found_inf) {
-  ASGDArgs a = asgd_args(TensorRefs(params), TensorRefs(grads), TensorRefs(axs), lr,
-                         {lambd, alpha, t0, weight_decay, maximize}, grad_scale, found_inf);
-  a.packed_mus = mus;
-  a.packed_etas = etas;
-  a.packed_steps = steps;
-  Impl(a);
+template <void (*Impl)(const ASGDArgs&), typename State>
+void asgd_kernel(const TensorListArg& params, const TensorListArg& grads,
+                 const TensorListArg& axs, const State& mus, const State& etas,
+                 const State& steps, const at::Tensor& lr, double lambd, double alpha,
+                 double t0, double weight_decay, bool maximize,
+                 const std::optional<at::Tensor>& grad_scale,
+                 const std::optional<at::Tensor>& found_inf) {
+  Impl(asgd_args(TensorRefs(params), TensorRefs(grads), TensorRefs(axs), state_arg(mus),
+                 state_arg(etas), state_arg(steps), lr, {lambd, alpha, t0, weight_decay, maximize},
+                 grad_scale, found_inf));
 }
 
 template <void (*Impl)(const ASGDArgs&)>
 void register_asgd_kernels(torch::Library& m) {
-  m.impl("asgd_", TORCH_FN(asgd_lists_kernel<Impl>));
-  m.impl("asgd_.packed", TORCH_FN(asgd_packed_kernel<Impl>));
+  m.impl("asgd_", TORCH_FN((asgd_kernel<Impl, TensorListArg>)));
+  m.impl("asgd_.packed", TORCH_FN((asgd_kernel<Impl, at::Tensor>)));
 }
 
 }  // namespace torchext

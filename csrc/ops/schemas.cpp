@@ -27,7 +27,7 @@ TORCH_LIBRARY(torchext, m) {
   // recompiles). C++ callers may put an undefined tensor in grads: that
   // entry is left alone, as torch.optim leaves params without grads (the
   // optimizer's C++ holder steps a whole group so). The kernels' typed
-  // signatures are asgd_lists_kernel / asgd_packed_kernel (asgd_registration.h).
+  // signature is asgd_kernel (asgd_registration.h), one for both overloads.
   m.def(
       "asgd_(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, "
       "Tensor(c! -> *)[] mus, Tensor(d! -> *)[] etas, Tensor(e! -> *)[] steps, *, "

@@ -2,9 +2,12 @@
 still behaves the way that makes it necessary. When one of the
 `test_torch_still_*` tests fails on a new torch, the matching workaround
 can probably go (and its test with it)."""
+import ast
 import inspect
 import re
+import textwrap
 import types
+import warnings
 
 import pytest
 import torch
@@ -38,14 +41,62 @@ def test_marked_step_is_not_wrapped_and_still_tells_the_scheduler_it_ran():
     assert opt.step.__func__ is ASGD.step
     opt.step()
     assert opt._opt_called  # what the wrapper would have recorded
-    sched.step()  # no "lr_scheduler.step() before optimizer.step()" warning path
+    with warnings.catch_warnings():  # "lr_scheduler.step() before optimizer.step()" would fail
+        warnings.simplefilter("error")
+        sched.step()
+
+
+def test_scheduler_warns_when_the_step_did_not_tell_it():
+    # The check above can fail: a step that does not record the call makes
+    # the scheduler warn.
+    class Silent(torch.optim.SGD):
+        @cc.mark_step_not_wrapped
+        def step(self, closure=None):  # forgets self._opt_called = True
+            return None
+
+    opt = Silent([torch.nn.Parameter(torch.randn(2))], lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1)
+    opt.step()
+    with pytest.warns(UserWarning, match="optimizer.step()"):
+        sched.step()
 
 
 # (2) Dynamo special-cases `param_groups` of optimizers.
 
+def _code_words(obj) -> set[str]:
+    """The names, attributes and string constants ``obj``'s code uses: its
+    source without comments and docstrings."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(obj)))
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                    ast.AsyncFunctionDef))
+                  and n.body and isinstance(n.body[0], ast.Expr)
+                  and isinstance(n.body[0].value, ast.Constant)}
+    words = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name):
+            words.add(n.id)
+        elif isinstance(n, ast.Attribute):
+            words.add(n.attr)
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings:
+            words.add(n.value)
+    return words
+
+
+def test_code_words_skip_comments_and_docstrings():
+    class Commented:
+        """param_groups"""
+        # capturable
+        def f(self):
+            """_init_group"""
+            return self.used["key"]
+
+    assert _code_words(Commented) == {"self", "used", "key"}
+
+
 def test_torch_still_special_cases_param_groups_of_optimizers():
-    src = inspect.getsource(OptimizerVariable)
-    assert "param_groups" in src and "capturable" in src
+    words = _code_words(OptimizerVariable)
+    assert "param_groups" in words and "capturable" in words
 
 
 def test_groups_are_read_from_the_instance_and_follow_a_replaced_list():
@@ -55,7 +106,8 @@ def test_groups_are_read_from_the_instance_and_follow_a_replaced_list():
     assert opt._current_groups() is opt.param_groups
     opt.add_param_group({"params": [torch.nn.Parameter(torch.randn(1))]})
     assert opt._current_groups() is opt.param_groups
-    assert cc.param_groups(torch.optim.SGD(opt.param_groups[0]["params"])) is not None
+    sgd = torch.optim.SGD(opt.param_groups[0]["params"])
+    assert cc.param_groups(sgd) is sgd.param_groups
 
 
 # (3) torch's Optimizer.zero_grad is not traceable.
@@ -90,7 +142,7 @@ def _step_path_names(cls) -> set[str]:
 
 
 def test_torch_still_intercepts_init_group():
-    assert cc.DYNAMO_INTERCEPTED_INIT in inspect.getsource(OptimizerVariable)
+    assert cc.DYNAMO_INTERCEPTED_INIT in _code_words(OptimizerVariable)
 
 
 def test_step_path_never_calls_init_group():
@@ -179,11 +231,68 @@ def _setattr_on_an_optimizer_compiles() -> bool:
         torch._dynamo.reset()
 
 
+def _grads_reach_a_step_traced_after_backward(groups_through_dict: bool = True) -> bool:
+    """Whether an optimizer's step, traced in one fullgraph graph after its
+    zero_grad (``p.grad = None``) and an in-graph backward, sees the grads
+    (the params move). Groups read as torchext reads them (the instance's
+    ``__dict__``, (2)), or through the ``param_groups`` attribute."""
+
+    def groups(opt):
+        return opt.__dict__["param_groups"] if groups_through_dict else opt.param_groups
+
+    class Opt(torch.optim.Optimizer):
+        def __init__(self, params):
+            super().__init__(params, {"lr": 0.5})
+
+        def zero_grad(self, set_to_none=True):
+            for group in groups(self):
+                for p in group["params"]:
+                    p.grad = None
+
+        def step(self, closure=None):
+            with torch.no_grad():
+                for group in groups(self):
+                    for p in group["params"]:
+                        if p.grad is not None:
+                            p.sub_(p.grad * group["lr"])
+
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = Opt([w])
+
+    def train_step(x):
+        opt.zero_grad()
+        (w * x).sum().backward()
+        opt.step()
+
+    torch._dynamo.reset()
+    try:
+        with torch._dynamo.config.patch(trace_autograd_ops=True):
+            step = torch.compile(train_step, fullgraph=True, backend="eager")
+            step(torch.ones(2))
+            step(torch.ones(2))
+    except Exception:  # an older Dynamo that cannot trace it at all
+        return False
+    finally:
+        torch._dynamo.reset()
+    return torch.equal(w.detach(), torch.zeros(2))  # two steps of 0.5 * 1
+
+
+def test_torch_still_loses_grads_read_through_param_groups():
+    """(2) Through the ``param_groups`` attribute the traced step sees no
+    grads; this also shows the probe below can see lost grads. When it
+    fails, Dynamo no longer needs the groups read from ``__dict__``."""
+    assert not _grads_reach_a_step_traced_after_backward(groups_through_dict=False)
+
+
 def test_compiled_step_gate_matches_what_dynamo_can_do():
-    """(6) COMPILED_STEP is available exactly where Dynamo sets attributes on
-    an optimizer inside a fullgraph graph. When the oldest supported torch
-    can, the gate (and COMPILED_STEP) can go."""
-    assert cc.COMPILED_STEP.available() == _setattr_on_an_optimizer_compiles()
+    """(6) COMPILED_STEP is available exactly where Dynamo can do both things
+    a compiled step needs: set attributes on an optimizer inside a fullgraph
+    graph, and keep the grads of an in-graph backward for a step traced
+    after zero_grad. When the oldest supported torch can, the gate (and
+    COMPILED_STEP) can go."""
+    can = {"setattr": _setattr_on_an_optimizer_compiles(),
+           "grads": _grads_reach_a_step_traced_after_backward()}
+    assert {k: cc.COMPILED_STEP.available() for k in can} == can
 
 
 def test_fullgraph_step_is_refused_at_the_first_call_naming_the_feature():

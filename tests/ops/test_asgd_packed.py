@@ -1,21 +1,15 @@
 """asgd_.packed: the same step as asgd_ with the schedule state (mus, etas,
-steps) as one 1-D tensor each instead of lists of 0-d tensors. It must give bit-identical results to the list overloads, pass
-opcheck, and refuse bad packed state before writing anything."""
+steps) as one 1-D tensor each instead of lists of 0-d tensors. It must give
+bit-identical results to the list overloads and refuse bad packed state
+before writing anything (its opcheck samples are test_ops.py's)."""
 import pytest
 import torch
 
 import torchext  # noqa: F401
 from conftest import requires_cuda
-from test_ops import ALL_OPCHECK_TESTS, KW, asgd_inputs, assert_unchanged, snapshot
+from test_ops import KW, assert_unchanged, packed_inputs, snapshot
 
 ops = torch.ops.torchext
-
-
-def packed_inputs(**kw):
-    """asgd_inputs with mus/etas/steps stacked: (list args, packed args)."""
-    a = asgd_inputs(**kw)
-    packed = [*[[t.clone() for t in lst] for lst in a[:3]], *(torch.stack(lst) for lst in a[3:])]
-    return a, packed
 
 
 def assert_same_step(lists, packed):
@@ -118,32 +112,6 @@ def test_packed_meta_validates_like_cpu():
     ops.asgd_.packed(*packed, **KW)
     with pytest.raises(ValueError, match="1-D tensor with one element per param"):
         ops.asgd_.packed(*packed[:5], packed[5][:1], **KW)
-
-
-def packed_opcheck_samples(device):
-    samples = []
-    for dtype in (torch.float32, torch.bfloat16, torch.complex64):
-        _, p = packed_inputs(dtype=dtype, device=device)
-        samples.append((ops.asgd_.packed, p, dict(KW)))
-        _, p = packed_inputs(dtype=dtype, device=device)
-        samples.append((ops.asgd_.packed, p, dict(KW, grad_scale=torch.tensor(4.0, device=device),
-                                                  found_inf=torch.zeros((), device=device))))
-        _, p = packed_inputs(dtype=dtype, device=device)
-        samples.append((ops.asgd_.packed, p, dict(KW, lr=torch.tensor(0.02, device=device))))
-    return samples
-
-
-@pytest.mark.parametrize("idx", range(len(packed_opcheck_samples("cpu"))))
-def test_opcheck_packed_cpu(idx):
-    op, args, kwargs = packed_opcheck_samples("cpu")[idx]
-    torch.library.opcheck(op, args, kwargs, test_utils=ALL_OPCHECK_TESTS)
-
-
-@requires_cuda
-@pytest.mark.parametrize("idx", range(len(packed_opcheck_samples("cpu"))))
-def test_opcheck_packed_cuda(idx):
-    op, args, kwargs = packed_opcheck_samples("cuda")[idx]
-    torch.library.opcheck(op, args, kwargs, test_utils=ALL_OPCHECK_TESTS)
 
 
 @requires_cuda

@@ -113,7 +113,16 @@ ValueError: update_scale_: backoff_factor must be in (0, 1), got 2""")
 ValueError: unscale_: inv_scale must hold exactly one element, got shape [2]""")
 
 
+def packed_inputs(**kw):
+    """asgd_inputs with mus/etas/steps stacked: (list args, packed args)."""
+    a = asgd_inputs(**kw)
+    packed = [*[[t.clone() for t in lst] for lst in a[:3]], *(torch.stack(lst) for lst in a[3:])]
+    return a, packed
+
+
 def opcheck_samples(device):
+    """(op, args, kwargs) for torch.library.opcheck: every op, asgd_ in both
+    overloads (lists and packed state)."""
     samples = []
     for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.complex64):
         a = asgd_inputs(dtype=dtype, device=device)
@@ -145,6 +154,14 @@ def opcheck_samples(device):
                          torch.tensor(1, dtype=torch.int32, device=device),
                          torch.tensor(found, device=device)],
                         dict(growth_factor=2.0, backoff_factor=0.5, growth_interval=2)))
+    for dtype in (torch.float32, torch.bfloat16, torch.complex64):
+        _, p = packed_inputs(dtype=dtype, device=device)
+        samples.append((ops.asgd_.packed, p, dict(KW)))
+        _, p = packed_inputs(dtype=dtype, device=device)
+        samples.append((ops.asgd_.packed, p, dict(KW, grad_scale=torch.tensor(4.0, device=device),
+                                                  found_inf=torch.zeros((), device=device))))
+        _, p = packed_inputs(dtype=dtype, device=device)
+        samples.append((ops.asgd_.packed, p, dict(KW, lr=torch.tensor(0.02, device=device))))
     return samples
 
 
@@ -152,16 +169,10 @@ ALL_OPCHECK_TESTS = ("test_schema", "test_autograd_registration", "test_faketens
                      "test_aot_dispatch_dynamic")
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)])
 @pytest.mark.parametrize("idx", range(len(opcheck_samples("cpu"))))
-def test_opcheck_cpu(idx):
-    op, args, kwargs = opcheck_samples("cpu")[idx]
-    torch.library.opcheck(op, args, kwargs, test_utils=ALL_OPCHECK_TESTS)
-
-
-@requires_cuda
-@pytest.mark.parametrize("idx", range(len(opcheck_samples("cpu"))))
-def test_opcheck_cuda(idx):
-    op, args, kwargs = opcheck_samples("cuda")[idx]
+def test_opcheck(device, idx):
+    op, args, kwargs = opcheck_samples(device)[idx]
     torch.library.opcheck(op, args, kwargs, test_utils=ALL_OPCHECK_TESTS)
 
 
@@ -242,10 +253,21 @@ def test_meta_kernels_validate_like_cpu():
 
 
 def test_asgd_under_fake_tensor_mode():
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    # Under FakeTensorMode the op runs its Meta kernel, which is its
+    # validation: a good call runs (and bumps the versions of what it
+    # writes), a bad one raises as on real tensors.
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
     with FakeTensorMode():
         a = asgd_inputs()
+        assert all(isinstance(t, FakeTensor) for lst in a for t in lst)
+        before = [t._version for t in a[0]]
         ops.asgd_(*a, **{**KW, "lr": lr_t(0.01)})
+        assert [t._version for t in a[0]] == [v + 1 for v in before]
+        with pytest.raises(ValueError, match="invalid lambd value: inf"):
+            ops.asgd_(*a, **{**KW, "lr": lr_t(0.01), "lambd": float("inf")})
+        with pytest.raises(TypeError, match=r"grads\[1\] has dtype Double"):
+            ops.asgd_(a[0], [a[1][0], a[1][1].double(), a[1][2]], *a[2:],
+                      **{**KW, "lr": lr_t(0.01)})
 
 
 def _reference_step(a, kw, grad_scale=None):

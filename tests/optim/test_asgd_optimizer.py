@@ -336,6 +336,23 @@ def test_fused_none_picks_fused_op_on_meta():
         ASGD([p], fused=False).step()
 
 
+def test_fused_none_is_decided_over_every_param_of_the_group():
+    # The fused default looks at every param of the group, with a grad or
+    # not (the slot groups are built before any grad exists), as C++'s
+    # ASGD::step (cpp_tests ASGD.FusedDefaultCountsParamsWithoutGrads, the
+    # same case). A param without a grad on the lazy device (no torchext
+    # kernels) makes the group unfused, so the meta param beside it takes
+    # the reference step, which reads eta on the host and cannot on meta.
+    import torch._lazy.ts_backend
+    torch._lazy.ts_backend.init()
+    meta = torch.nn.Parameter(torch.empty(3, device="meta"))
+    lazy = torch.nn.Parameter(torch.zeros(3, device="lazy"))
+    meta.grad = torch.empty(3, device="meta")
+    with pytest.raises((RuntimeError, NotImplementedError), match="meta"):
+        ASGD([meta, lazy]).step()
+    ASGD([meta]).step()  # alone, the meta param takes the fused op (its Meta kernel)
+
+
 def test_pickle_and_deepcopy():
     m = small_model()
     opt = ASGD(m.parameters(), **KW)
@@ -383,17 +400,22 @@ def test_non_finite_hyperparameters_refused_everywhere(key, value):
             torchext.optim.ASGD([p], lr=torch.tensor(value))
 
 
-def test_t0_inf_means_never_average_and_is_allowed():
+@pytest.mark.parametrize("t0", [float("inf"), float("-inf")])
+def test_infinite_t0_is_allowed_and_matches_torch(t0):
+    # t0 is any number but NaN: inf means never average; -inf gives mu = 0
+    # after the first step, as torch.
     p = torch.nn.Parameter(torch.randn(3))
     ref = torch.nn.Parameter(p.detach().clone())
-    opt = torchext.optim.ASGD([p], lr=0.1, t0=float("inf"))
-    topt = torch.optim.ASGD([ref], lr=0.1, t0=float("inf"), foreach=False)
+    opt = torchext.optim.ASGD([p], lr=0.1, t0=t0)
+    topt = torch.optim.ASGD([ref], lr=0.1, t0=t0, foreach=False)
     for _ in range(3):
         p.grad = torch.ones(3)
         ref.grad = torch.ones(3)
         opt.step()
         topt.step()
-    assert torch.equal(p, ref) and torch.equal(opt.state[p]["ax"], topt.state[ref]["ax"])
+    assert torch.equal(p, ref)
+    for k in ("ax", "mu", "eta", "step"):
+        assert torch.equal(opt.state[p][k], topt.state[ref][k]), k
     with pytest.raises(ValueError, match="t0"):
         torchext.optim.ASGD([p], t0=float("nan"))
 
@@ -481,22 +503,6 @@ def test_a_cuda_tensor_lr_is_not_read_at_construction():
         opt.add_param_group({"params": [torch.nn.Parameter(torch.randn(2, device="cuda"))],
                              "lr": lr})
     assert opt.param_groups[0]["lr"] is lr
-
-
-def test_t0_minus_inf_is_allowed_and_matches_torch():
-    # t0 is any number but NaN; -inf gives mu = 0 after the first step, as torch
-    p = torch.nn.Parameter(torch.randn(3))
-    ref = torch.nn.Parameter(p.detach().clone())
-    opt = torchext.optim.ASGD([p], lr=0.1, t0=float("-inf"))
-    topt = torch.optim.ASGD([ref], lr=0.1, t0=float("-inf"), foreach=False)
-    for _ in range(3):
-        p.grad = torch.ones(3)
-        ref.grad = torch.ones(3)
-        opt.step()
-        topt.step()
-    assert torch.equal(p, ref)
-    for k in ("ax", "mu", "eta", "step"):
-        assert torch.equal(opt.state[p][k], topt.state[ref][k]), k
 
 
 def test_group_values_edited_between_steps_follow_torch():

@@ -2,12 +2,11 @@
 grouped by device, gathered and checked in full before anything is written."""
 from __future__ import annotations
 
-from collections import defaultdict
-
 import torch
 from torch import Tensor
 
 from .._compile_compat import param_groups
+from .._devices import indices_by_device, pick
 from ..optim._dtensor import to_local
 
 __all__ = ["GradsByDevice"]
@@ -22,10 +21,10 @@ class GradsByDevice:
     ``lists``)."""
 
     def __init__(self, optimizer, allow_fp16: bool) -> None:
-        self.lists: dict[torch.device, list[Tensor]] = defaultdict(list)
         self.sharded = False
         self.sparse = False
         self.coalesced: list[tuple[Tensor, Tensor]] = []
+        grads: list[Tensor] = []
         for group in param_groups(optimizer):
             for param in group["params"]:
                 if param.grad is None:
@@ -42,7 +41,9 @@ class GradsByDevice:
                         grad = grad.coalesce()
                         self.coalesced.append((param, grad))
                     grad = grad._values()
-                self.lists[grad.device].append(grad)
+                grads.append(grad)
+        self.lists: dict[torch.device, list[Tensor]] = {
+            device: pick(grads, idx) for device, idx in indices_by_device(grads).items()}
 
     def validate(self, op) -> None:
         """Runs ``op``'s checks on every device's list but the first, on

@@ -24,8 +24,6 @@ CASES = {
     "(f) 1000 x 1000 fp32": (1000, 1_000, torch.float32),
 }
 
-SETUPS = ("torchext", "torch foreach", "torch for-loop", "fused SGD", "torchext + GradScaler")
-
 
 def _stepper(env, factory, n, size, dtype):
     params = make_params(n, size, dtype, env.device)

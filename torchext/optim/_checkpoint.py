@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._devices import indices_by_device, pick
 from . import _dtensor
 from ._state import SCALAR_KEYS, scalar_dtype
 
@@ -179,16 +180,16 @@ def _check_entry(pid: Any, st: Any, p: Tensor) -> list[tuple[str, Tensor | float
 
 def _check_values(values: list[tuple[str, Tensor | float]]) -> None:
     """step, eta and mu: finite and >= 0. Tensors are read once per device."""
-    by_device: dict[torch.device, list[tuple[str, Tensor]]] = {}
+    tensors: list[tuple[str, Tensor]] = []
     for where, v in values:
         if isinstance(v, Tensor):
-            v = _dtensor.to_local(v).detach()
-            by_device.setdefault(v.device, []).append((where, v))
+            tensors.append((where, _dtensor.to_local(v).detach()))
         elif not (math.isfinite(float(v)) and float(v) >= 0):
             raise ValueError(f"{where} must be finite and >= 0, got {v!r}")
-    for pairs in by_device.values():
-        if pairs[0][1].device.type == "meta":
+    for device, idx in indices_by_device(v for _, v in tensors).items():
+        if device.type == "meta":
             continue
+        pairs = pick(tensors, idx)
         stacked = torch.stack([v.reshape(()).double() for _, v in pairs])
         bad = (~torch.isfinite(stacked)) | (stacked < 0)
         if bool(bad.any()):

@@ -3,7 +3,9 @@
 Python reads the names of the op's hyperparameters from its registered
 schema (``csrc/ops/schemas.cpp``), so a hyperparameter added there reaches
 the optimizer (which takes it from the param group of the same name)
-without a second list here.
+without a second list here. C++ keeps their order in one place,
+``ASGDHyperparams`` (csrc/ops/asgd_args.h, checked against the schema's
+names), which also reads the values :func:`hyper_list` gives the holder.
 """
 from __future__ import annotations
 
@@ -35,7 +37,8 @@ def hyper_of(source: dict[str, Any], **override: Any) -> dict[str, Any]:
 
 
 def hyper_list(hyper: dict[str, Any]) -> list[float]:
-    """The same, as a list in schema order (what the C++ holder takes)."""
+    """The same, as a list in schema order, bools as 0/1 (what the C++ holder
+    takes: ``ASGDHyperparams::from_values``)."""
     return [float(hyper[name]) for name in HYPER]
 
 

@@ -22,6 +22,7 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor
 
+from .._devices import indices_by_device, pick
 from . import _dtensor
 
 __all__ = ["averaged_parameters", "start_averaging", "NonMonotonicTrigger",
@@ -41,7 +42,8 @@ def check_not_averaging(optimizer: Any) -> None:
 def _local_pairs(optimizer: Any) -> dict[torch.device, tuple[list[Tensor], list[Tensor]]]:
     """(params, axs) per device, as local shards for DTensor parameters."""
     cls = _dtensor._dtensor_cls()
-    by_device: dict[torch.device, tuple[list[Tensor], list[Tensor]]] = {}
+    ps: list[Tensor] = []
+    axs: list[Tensor] = []
     for group in optimizer.param_groups:
         for p in group["params"]:
             ax = optimizer.state.get(p, {}).get("ax")
@@ -52,11 +54,10 @@ def _local_pairs(optimizer: Any) -> dict[torch.device, tuple[list[Tensor], list[
                         _dtensor._layout(p) != _dtensor._layout(ax)):
                     raise ValueError("averaged_parameters: a DTensor parameter and its 'ax' "
                                      "must be laid out alike (same mesh and placements)")
-            lp, lax = _dtensor.to_local(p), _dtensor.to_local(ax)
-            ps, axs = by_device.setdefault(lp.device, ([], []))
-            ps.append(lp)
-            axs.append(lax)
-    return by_device
+            ps.append(_dtensor.to_local(p))
+            axs.append(_dtensor.to_local(ax))
+    return {device: (pick(ps, idx), pick(axs, idx))
+            for device, idx in indices_by_device(ps).items()}
 
 
 def _swap(pairs: dict[torch.device, tuple[list[Tensor], list[Tensor]]]) -> None:
@@ -109,8 +110,9 @@ def averaged_parameters(optimizer: Any) -> Iterator[None]:
 
 def _step_counts(optimizer: Any) -> dict[Tensor, float]:
     """Steps taken per parameter (0 if never stepped): one host read per device."""
-    steps: dict[torch.device, list[tuple[Tensor, Tensor]]] = {}
     counts: dict[Tensor, float] = {}
+    params: list[Tensor] = []
+    steps: list[Tensor] = []
     for group in optimizer.param_groups:
         for p in group["params"]:
             s = optimizer.state.get(p, {}).get("step")
@@ -119,11 +121,11 @@ def _step_counts(optimizer: Any) -> dict[Tensor, float]:
             elif not isinstance(s, Tensor):
                 counts[p] = float(s)
             else:
-                s = _dtensor.to_local(s)
-                steps.setdefault(s.device, []).append((p, s))
-    for pairs in steps.values():
-        values = torch.stack([s.detach().reshape(()).double() for _, s in pairs]).tolist()
-        counts.update((p, v) for (p, _), v in zip(pairs, values))
+                params.append(p)
+                steps.append(_dtensor.to_local(s))
+    for idx in indices_by_device(steps).values():
+        values = torch.stack([steps[i].detach().reshape(()).double() for i in idx]).tolist()
+        counts.update((params[i], v) for i, v in zip(idx, values))
     return counts
 
 

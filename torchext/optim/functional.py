@@ -185,7 +185,7 @@ def asgd(
     before the first writes (``run_calls``), exactly as ``ASGD.step`` runs.
     ``foreach`` and ``has_complex`` are accepted so that calls written for
     ``torch.optim.asgd.asgd`` run unchanged, and are ignored: the fused op
-    is already one call per device, and both paths handle complex tensors
+    is already one call per device and t0, and both paths handle complex tensors
     per tensor.
     """
     if not params:

@@ -29,7 +29,7 @@ namespace torchext {
 namespace kernels {
 
 // The production launch shape: torch's multi-tensor apply's, except that
-// lists of tensors smaller than ~0.5M elements get smaller chunks
+// lists whose tensors hold at most 256K elements on average get smaller chunks
 // (auto_chunk_size).
 constexpr int64_t kChunkSize = 65536;    // elements per block, at most
 constexpr int64_t kMinChunkSize = 4096;  // elements per block, at least (auto)
@@ -92,7 +92,8 @@ struct TensorEntry {
 // bandwidth. With one 64K chunk per tensor, a list of 50K-element tensors
 // gets 36 blocks per launch, a quarter of an H200's SMs, and ran at 11-21 %
 // of the memory bound; cut in 8K chunks, the same launch has 252 blocks.
-// Tensors of 0.5M elements and more keep torch's 64K chunks.
+// Lists whose mean tensor holds more than 256K elements (8 x 32K) keep
+// torch's 64K chunks.
 inline int64_t auto_chunk_size(int64_t total, int64_t count) {
   const int64_t mean = count > 0 ? total / count : 0;
   int64_t chunk = kMinChunkSize;
