@@ -1,6 +1,7 @@
 // The AMP ops on an accelerator (check_finite_, unscale_, update_scale_):
 // kernel bodies (C10_HOST_DEVICE) and the host-side plan, a template over
-// the executor like asgd_kernels.h (csrc/ops/cuda/amp_cuda.cu, host_runner.h).
+// the executor like asgd_kernels.h (csrc/ops/cuda/amp_cuda.cu,
+// cpp_tests/host_runner.h).
 #pragma once
 
 #include "../../amp.h"

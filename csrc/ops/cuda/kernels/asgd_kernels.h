@@ -1,7 +1,7 @@
 // torchext::asgd_ on an accelerator: the kernel bodies (C10_HOST_DEVICE) and
 // the host-side plan that launches them through an executor: the CUDA
-// executor (csrc/ops/cuda/asgd_cuda.cu) or the host runner (host_runner.h),
-// which runs the very same launches on the CPU.
+// executor (csrc/ops/cuda/asgd_cuda.cu) or the host runner
+// (cpp_tests/host_runner.h), which runs the very same launches on the CPU.
 //
 // Launches, on one stream, in this order:
 //   1. the elementwise update, one multi-tensor-apply series per dtype: every

@@ -6,7 +6,7 @@
 // a ThreadCtx (block, thread, threads per block) and the launch's arguments.
 // The CUDA kernels (csrc/ops/cuda/launch.cuh) are one generic __global__ wrapper
 // that calls it with blockIdx.x / threadIdx.x / blockDim.x; the host runner
-// (host_runner.h) calls it for every block and thread of the same launches on
+// (cpp_tests/host_runner.h) calls it for every block and thread of the same launches on
 // the CPU. The host-side launch code of each op family (asgd_kernels.h, amp_kernels.h,
 // swap_kernels.h) is a template over the executor, so both run the same plan.
 #pragma once

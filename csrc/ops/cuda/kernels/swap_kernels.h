@@ -1,6 +1,6 @@
 // swap_ on an accelerator: kernel bodies (C10_HOST_DEVICE) and the host-side
 // plan, a template over the executor like asgd_kernels.h (csrc/ops/cuda/swap_cuda.cu,
-// host_runner.h). Elements are moved as raw words of their size, so every
+// cpp_tests/host_runner.h). Elements are moved as raw words of their size, so every
 // dtype (complex included) is swapped bit for bit; no scratch memory.
 #pragma once
 

@@ -1,10 +1,11 @@
 // The host runner: an executor for the launch plans of asgd_kernels.h, amp_kernels.h and
-// swap_kernels.h that runs every launch on the CPU, calling the kernel body for
+// swap_kernels.h (csrc/ops/cuda/kernels/) that runs every launch on the CPU, calling the kernel body for
 // every block and every thread the launch has, with host memory standing in
 // for device memory. It needs no CUDA toolkit. CUDA guarantees no order
 // among blocks (nor among the threads of a block), so the runner takes one:
-// forward, reverse, or shuffled. The tests (cpp_tests/test_cuda_on_host.cpp)
-// compare its results bit for bit with the CPU kernels.
+// forward, reverse, or shuffled. The tests (test_cuda_on_host.cpp) compare
+// its results bit for bit with the CPU kernels. It lives with its tests: no
+// shipped file needs it.
 //
 // What it proves: the planner (batching, continuation, slots, tags), the
 // entry building and dtype grouping, every body's indexing, vector/scalar
@@ -13,7 +14,7 @@
 // occupancy and speed, and device math libraries (pow in the schedule).
 #pragma once
 
-#include "multi_tensor_apply.h"
+#include "../csrc/ops/cuda/kernels/multi_tensor_apply.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
