@@ -38,6 +38,7 @@ namespace {
 using torchext::kernels::BlockOrder;
 using torchext::kernels::HostRunner;
 using torchext::kernels::LaunchLimits;
+using torchext::kernels::ParamLayout;
 using torchext::kernels::PlantedBug;
 using torchext::kernels::RunCounts;
 
@@ -92,10 +93,20 @@ struct Shape {
   LaunchLimits limits;
 };
 // Small shapes make a handful of small tensors continue across launches and
-// fill every launch's tensor slots; the production shape is tested too.
-const Shape kTiny{"tiny", {16, 5, 3, 2}};       // chunk 16, 5 blocks, 3 slots, 2 threads
-const Shape kSmall{"small", {64, 7, 4, 8}};     // chunk 64, 7 blocks, 4 slots, 8 threads
-const Shape kProduction{"production", {}};      // chunk auto (4K to 64K), 320 blocks, 512 threads
+// fill every launch's tensor slots; the production shapes are tested too.
+// Each in both parameter layouts: the large one (eager CUDA launches) and
+// the classic one (while a CUDA graph captures): their metadata differ in
+// size and in the type of the block-to-slot index.
+constexpr ParamLayout kLarge = ParamLayout::kLarge;
+constexpr ParamLayout kClassic = ParamLayout::kClassic;
+const Shape kTiny{"tiny", {16, 5, 3, 2, kLarge}};  // chunk 16, 5 blocks, 3 slots, 2 threads
+const Shape kTinyClassic{"tiny classic", {16, 5, 3, 2, kClassic}};
+const Shape kSmall{"small", {64, 7, 4, 8, kLarge}};  // chunk 64, 7 blocks, 4 slots, 8 threads
+const Shape kSmallClassic{"small classic", {64, 7, 4, 8, kClassic}};
+// Chunk auto (4K to 64K), 512 threads; 2,048 blocks (large), 320 (classic).
+const Shape kProduction{"production", {}};
+const Shape kProductionClassic{"production classic", {0, 0, 0, 512, kClassic}};
+const Shape* const kSmallShapes[] = {&kTiny, &kTinyClassic, &kSmall, &kSmallClassic};
 
 const BlockOrder kOrders[] = {BlockOrder::kForward, BlockOrder::kReverse, BlockOrder::kShuffled};
 const char* order_name(BlockOrder o) {
@@ -276,16 +287,17 @@ template <PlantedBug Bug = PlantedBug::kNone>
 
 TEST(CudaOnHost, AsgdRandomListsEveryOrder) {
   int checked = 0;
-  for (const Shape* shape : {&kTiny, &kSmall}) {
+  for (const Shape* shape : kSmallShapes) {
+    const bool tiny = shape == &kTiny || shape == &kTinyClassic;
     for (uint64_t seed = 1; seed <= 12; ++seed) {
-      const ASGDCase c = random_asgd_case(seed * 101 + (shape == &kTiny), 14, 150);
+      const ASGDCase c = random_asgd_case(seed * 101 + tiny, 14, 150);
       for (BlockOrder o : kOrders) {
         EXPECT_TRUE(check_asgd_case(c, *shape, o));
         ++checked;
       }
     }
   }
-  EXPECT_EQ(checked, 72);
+  EXPECT_EQ(checked, 144);
 }
 
 // Each option on its own, over one list that has everything else.
@@ -333,6 +345,7 @@ TEST(CudaOnHost, AsgdOptions) {
   }
   for (const auto& c : cases) {
     EXPECT_TRUE(check_asgd_case(c, kTiny, BlockOrder::kShuffled));
+    EXPECT_TRUE(check_asgd_case(c, kTinyClassic, BlockOrder::kReverse));
   }
 }
 
@@ -394,25 +407,23 @@ TEST(CudaOnHost, AsgdAlignmentsAndTails) {
       }
     }
     c.weight_decay = 0.01;
-    for (const Shape* s : {&kTiny, &kSmall}) {
-      EXPECT_TRUE(check_asgd_case(c, *s, BlockOrder::kForward));
-    }
+    for (const Shape* s : kSmallShapes) EXPECT_TRUE(check_asgd_case(c, *s, BlockOrder::kForward));
   }
 }
 
-// The production launch shape: a list longer than one launch's tensor slots,
-// and tensors that fill more than one launch's 320 blocks (one continues
-// into the next launch, another spans three).
-TEST(CudaOnHost, AsgdProductionShape) {
+// The classic production launch shape: a list longer than one launch's
+// tensor slots, and tensors that fill more than one launch's 320 blocks (one
+// continues into the next launch, another spans three).
+TEST(CudaOnHost, AsgdProductionShapeClassic) {
   ASGDCase many;
   many.name = "production, many tensors";
   many.seed = 3;
   std::mt19937_64 rng(3);
   for (int i = 0; i < 90; ++i) many.entries.push_back(random_entry(rng, 3000));
-  many.packed = false;
-  EXPECT_TRUE(check_asgd_case(many, kProduction, BlockOrder::kShuffled));
-  many.packed = true;
-  EXPECT_TRUE(check_asgd_case(many, kProduction, BlockOrder::kReverse));
+  many.packed = false;  // 40 slots per launch
+  EXPECT_TRUE(check_asgd_case(many, kProductionClassic, BlockOrder::kShuffled));
+  many.packed = true;  // 67 slots per launch
+  EXPECT_TRUE(check_asgd_case(many, kProductionClassic, BlockOrder::kReverse));
 
   ASGDCase big;
   big.name = "production, continuation";
@@ -428,11 +439,69 @@ TEST(CudaOnHost, AsgdProductionShape) {
   big.entries[1].offset[1] = 1;  // one unaligned grad: the scalar loop for that tensor
   big.entries[2].dtype = at::kBFloat16;
   big.grad_scale = 8.f;
-  EXPECT_TRUE(check_asgd_case(big, kProduction, BlockOrder::kForward));
+  EXPECT_TRUE(check_asgd_case(big, kProductionClassic, BlockOrder::kForward));
+}
+
+// 1000 small float32 and complex64 tensors (one dtype group: complex
+// tensors are walked as float32) of every layout and alignment: more than
+// one large launch's tensor slots (340 with list state, 566 with packed
+// state).
+ASGDCase asgd_many_tensors_case(bool packed) {
+  ASGDCase c;
+  c.name = "production, 1000 tensors";
+  c.seed = 13;
+  c.steps = 1;
+  c.packed = packed;
+  std::mt19937_64 rng(13);
+  for (int i = 0; i < 1000; ++i) {
+    c.entries.push_back(random_entry(rng, 600, true, {at::kFloat, at::kComplexFloat}));
+  }
+  return c;
+}
+
+// 300 float32 tensors of 28000 elements: 4K chunks, 7 per tensor, 2,100
+// blocks. The first large launch fills its 2,048 blocks 4 chunks into
+// tensor 292, which continues as slot 0 of the second launch.
+ASGDCase asgd_continuation_case() {
+  ASGDCase c;
+  c.name = "production, continuation";
+  c.seed = 14;
+  c.steps = 1;
+  c.packed = true;
+  for (int i = 0; i < 300; ++i) {
+    c.entries.push_back({28000, at::kFloat, {0, 0, 0},
+                         {Layout::kContiguous, Layout::kContiguous, Layout::kContiguous}});
+  }
+  c.entries[292].offset[1] = 1;  // the continued tensor's grad unaligned: the scalar loop
+  c.grad_scale = 4.f;
+  return c;
+}
+
+// The large production launch shape, as eager CUDA launches use it.
+TEST(CudaOnHost, AsgdProductionShape) {
+  for (const bool packed : {false, true}) {
+    const ASGDCase many = asgd_many_tensors_case(packed);
+    EXPECT_TRUE(check_asgd_case(many, kProduction, BlockOrder::kShuffled));
+    Arena arena;
+    ASGDTensors t = make_asgd_tensors(many, arena);
+    auto runner = make_runner(kProduction, BlockOrder::kForward, 1);
+    run_on_host(many, t, runner);
+    EXPECT_EQ(runner.counts().at("asgd_: asgd_ update").launches, packed ? 2 : 3);
+  }
+  const ASGDCase big = asgd_continuation_case();
+  EXPECT_TRUE(check_asgd_case(big, kProduction, BlockOrder::kReverse));
+  Arena arena;
+  ASGDTensors t = make_asgd_tensors(big, arena);
+  auto runner = make_runner(kProduction, BlockOrder::kForward, 1);
+  run_on_host(big, t, runner);
+  const RunCounts& update = runner.counts().at("asgd_: asgd_ update");
+  EXPECT_EQ(update.launches, 2);
+  EXPECT_EQ(update.blocks, 2100);
 }
 
 // The production chunk size follows the list: 64K chunks for tensors of
-// 0.5M elements and more, down to 4K for small ones, about 8 per tensor.
+// more than 256K elements on average, down to 4K for small ones, about 8
+// per tensor.
 TEST(CudaOnHost, AutoChunkSize) {
   using torchext::kernels::auto_chunk_size;
   EXPECT_EQ(auto_chunk_size(200 * 50000, 200), 8192);
@@ -441,28 +510,93 @@ TEST(CudaOnHost, AutoChunkSize) {
   EXPECT_EQ(auto_chunk_size(0, 0), 4096);
   EXPECT_EQ(auto_chunk_size(524288, 1), 65536);
   EXPECT_EQ(auto_chunk_size(524287, 1), 65536);
+  EXPECT_EQ(auto_chunk_size(262145, 1), 65536);
   EXPECT_EQ(auto_chunk_size(262144, 1), 32768);
 
-  // 40 float32 tensors of 50000 elements: chunks of 8192, 7 per tensor; 36
-  // tensors (252 blocks) fill the first launch, 4 the second. The results
-  // are those of the CPU kernel, bit for bit.
+  // 40 float32 tensors of 50000 elements: chunks of 8192, 7 per tensor, 280
+  // blocks; in the classic layout 40 tensors (list state) fill one launch.
+  // The results are those of the CPU kernel, bit for bit.
   ASGDCase c;
   c.name = "production, 40 x 50000";
   c.seed = 9;
   c.steps = 1;
-  c.packed = true;
   for (int i = 0; i < 40; ++i) {
     c.entries.push_back({50000, at::kFloat, {0, 0, 0},
                          {Layout::kContiguous, Layout::kContiguous, Layout::kContiguous}});
   }
-  EXPECT_TRUE(check_asgd_case(c, kProduction, BlockOrder::kShuffled));
+  EXPECT_TRUE(check_asgd_case(c, kProductionClassic, BlockOrder::kShuffled));
   Arena arena;
   ASGDTensors t = make_asgd_tensors(c, arena);
-  auto runner = make_runner(kProduction, BlockOrder::kForward, 1);
+  auto runner = make_runner(kProductionClassic, BlockOrder::kForward, 1);
   run_on_host(c, t, runner);
   const RunCounts& update = runner.counts().at("asgd_: asgd_ update");
-  EXPECT_EQ(update.launches, 2);
+  EXPECT_EQ(update.launches, 1);
   EXPECT_EQ(update.blocks, 40 * 7);
+}
+
+// An executor that plans but runs nothing: it counts launches per kernel.
+struct CountingExecutor {
+  static constexpr bool kLargeParams = true;
+  LaunchLimits lim;
+  std::map<std::string, int64_t> launches;
+  void enter(const c10::Device&) {}
+  const LaunchLimits& limits() const { return lim; }
+  bool kernel_reads(const at::Tensor&) const { return true; }
+  at::Tensor pointer_table(int64_t count) const { return at::empty({count}, at::kLong); }
+  template <typename Body, typename... Args>
+  void launch(unsigned, unsigned, const Args&...) {
+    ++launches[Body::kName];
+  }
+};
+
+// Launches per step at the benchmark shapes (bench_cuda_host prints the same
+// counts; docs/benchmarks.md lists them): asgd_'s update launches (its
+// schedule is one more), and unscale_'s over the same grads.
+TEST(CudaOnHost, LaunchesPerStep) {
+  struct Want {
+    int64_t n, numel;
+    int packed_large, lists_large, scan_large, packed_classic, lists_classic, scan_classic;
+  };
+  for (const Want& w : {Want{200, 50000, 1, 1, 1, 5, 5, 5}, Want{1000, 1000, 2, 3, 1, 15, 25, 9},
+                        Want{10000, 100, 18, 30, 10, 150, 250, 82},
+                        Want{100, 4000000, 4, 4, 4, 20, 20, 20}}) {
+    for (const ParamLayout layout : {kLarge, kClassic}) {
+      for (const bool packed : {true, false}) {
+        ASGDCase c;
+        c.packed = packed;
+        ASGDTensors t;
+        for (int64_t i = 0; i < w.n; ++i) {
+          // Never read: the plan only takes their pointers and sizes.
+          t.params.push_back(at::empty({w.numel}));
+          t.grads.push_back(at::empty({w.numel}));
+          t.axs.push_back(at::empty({w.numel}));
+          if (!packed) {
+            t.mus.push_back(at::ones({}));
+            t.etas.push_back(at::ones({}));
+            t.steps.push_back(at::zeros({}));
+          }
+        }
+        if (packed) {
+          t.packed_mus = at::ones({w.n});
+          t.packed_etas = at::ones({w.n});
+          t.packed_steps = at::zeros({w.n});
+        }
+        t.lr = at::full({}, 0.1);
+        CountingExecutor exec, scan;
+        exec.lim.layout = scan.lim.layout = layout;
+        torchext::kernels::asgd_launch(host_args(c, t), exec);
+        torchext::kernels::unscale_launch(t.grads, at::zeros({}), at::ones({}), scan);
+        const bool large = layout == kLarge;
+        const int want = packed ? (large ? w.packed_large : w.packed_classic)
+                                : (large ? w.lists_large : w.lists_classic);
+        const std::string where = std::to_string(w.n) + " x " + std::to_string(w.numel) +
+                                  (packed ? " packed" : " lists") + (large ? " large" : " classic");
+        EXPECT_EQ(exec.launches["asgd_ update"], want) << where;
+        EXPECT_EQ(exec.launches.size(), 2u) << where;  // and one schedule launch
+        EXPECT_EQ(scan.launches["scan"], large ? w.scan_large : w.scan_classic) << where;
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -509,7 +643,7 @@ template <PlantedBug Bug = PlantedBug::kNone>
 }
 
 TEST(CudaOnHost, CheckFiniteAndUnscale) {
-  for (const Shape* shape : {&kTiny, &kSmall}) {
+  for (const Shape* shape : kSmallShapes) {
     for (uint64_t seed : {21, 22}) {
       for (const auto& c : scan_cases(seed, 16, 120)) {
         for (BlockOrder o : kOrders) EXPECT_TRUE(check_scan_case(c, *shape, o));
@@ -519,21 +653,41 @@ TEST(CudaOnHost, CheckFiniteAndUnscale) {
 }
 
 TEST(CudaOnHost, CheckFiniteAndUnscaleProductionShape) {
-  const int64_t chunk = torchext::kernels::kChunkSize;
-  std::mt19937_64 rng(5);
-  std::vector<EntrySpec> entries;
-  for (int i = 0; i < 130; ++i) entries.push_back(random_entry(rng, 2000));  // > 110 slots
-  entries.push_back({326 * chunk + 9, at::kHalf, {0, 0, 0},
-                     {Layout::kContiguous, Layout::kContiguous, Layout::kContiguous}});
-  const size_t big = entries.size() - 1;
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  // unscale_ over a list whose last tensor continues into a second launch;
-  // check_finite_ with a NaN in that tensor's last 64K elements (in a later launch).
-  ScanCase unscale{"production, finite", entries, {}, 1.f / 64, 0.f, 6};
-  EXPECT_TRUE(check_scan_case(unscale, kProduction, BlockOrder::kShuffled));
-  ScanCase check{"production, NaN in the last chunk", entries, {{big, -2, nan}}, std::nullopt,
-                 0.f, 6};
-  EXPECT_TRUE(check_scan_case(check, kProduction, BlockOrder::kReverse));
+  // Classic: more than 123 tensors (one launch's slots), and a big tensor
+  // of 64K chunks that continues past 320 blocks.
+  {
+    const int64_t chunk = torchext::kernels::kChunkSize;
+    std::mt19937_64 rng(5);
+    std::vector<EntrySpec> entries;
+    for (int i = 0; i < 130; ++i) entries.push_back(random_entry(rng, 2000));
+    entries.push_back({326 * chunk + 9, at::kHalf, {0, 0, 0},
+                       {Layout::kContiguous, Layout::kContiguous, Layout::kContiguous}});
+    const size_t big = entries.size() - 1;
+    // unscale_ over a list whose last tensor continues into a second launch;
+    // check_finite_ with a NaN in that tensor's last 64K elements (in a later launch).
+    ScanCase unscale{"production, finite", entries, {}, 1.f / 64, 0.f, 6};
+    EXPECT_TRUE(check_scan_case(unscale, kProductionClassic, BlockOrder::kShuffled));
+    ScanCase check{"production, NaN in the last chunk", entries, {{big, -2, nan}},
+                   std::nullopt, 0.f, 6};
+    EXPECT_TRUE(check_scan_case(check, kProductionClassic, BlockOrder::kReverse));
+  }
+  // Large: more than 1022 tensors, and a big tensor of 4K chunks (the list's
+  // mean is small) that continues past 2,048 blocks.
+  {
+    const int64_t chunk = torchext::kernels::kMinChunkSize;
+    std::mt19937_64 rng(6);
+    std::vector<EntrySpec> entries;
+    for (int i = 0; i < 1100; ++i) entries.push_back(random_entry(rng, 300));
+    entries.push_back({2100 * chunk + 9, at::kHalf, {0, 0, 0},
+                       {Layout::kContiguous, Layout::kContiguous, Layout::kContiguous}});
+    const size_t big = entries.size() - 1;
+    ScanCase unscale{"production, finite", entries, {}, 1.f / 64, 0.f, 7};
+    EXPECT_TRUE(check_scan_case(unscale, kProduction, BlockOrder::kShuffled));
+    ScanCase check{"production, NaN in the last chunk", entries, {{big, -2, nan}},
+                   std::nullopt, 0.f, 7};
+    EXPECT_TRUE(check_scan_case(check, kProduction, BlockOrder::kReverse));
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -612,48 +766,76 @@ template <PlantedBug Bug = PlantedBug::kNone>
 }
 
 TEST(CudaOnHost, Swap) {
-  for (const Shape* shape : {&kTiny, &kSmall, &kProduction}) {
+  for (const Shape* shape : kSmallShapes) {
     for (uint64_t seed : {31, 32, 33}) {
-      const SwapCase c = random_swap_case(seed, shape == &kProduction ? 150 : 20, 150);
+      const SwapCase c = random_swap_case(seed, 20, 150);
       for (BlockOrder o : kOrders) EXPECT_TRUE(check_swap_case(c, *shape, o));
     }
+  }
+  // More pairs than one production launch holds: 88 (classic), 730 (large).
+  for (uint64_t seed : {34, 35}) {
+    EXPECT_TRUE(check_swap_case(random_swap_case(seed, 150, 150), kProductionClassic,
+                                kOrders[seed % 3]));
+    EXPECT_TRUE(check_swap_case(random_swap_case(seed, 800, 150), kProduction, kOrders[seed % 3]));
   }
 }
 
 // ---------------------------------------------------------------------------
 // Planted bugs: the same comparisons must fail.
 
+// How many of the tiny-shape cases fail in `shape`'s layout.
 template <PlantedBug Bug>
-int failing_cases(std::string* first) {
+int failing_cases(const Shape& shape, std::string* first) {
   int failures = 0;
   const auto note = [&](const ::testing::AssertionResult& r) {
     if (r) return;
     if (failures++ == 0) *first = r.message();
   };
   for (uint64_t seed = 1; seed <= 12; ++seed) {
-    note(check_asgd_case<Bug>(random_asgd_case(seed * 101 + 1, 14, 150), kTiny,
+    note(check_asgd_case<Bug>(random_asgd_case(seed * 101 + 1, 14, 150), shape,
                               BlockOrder::kForward, /*count=*/false));
   }
   for (const auto& c : scan_cases(21, 16, 120)) {
-    note(check_scan_case<Bug>(c, kTiny, BlockOrder::kForward, /*count=*/false));
+    note(check_scan_case<Bug>(c, shape, BlockOrder::kForward, /*count=*/false));
   }
   return failures;
 }
 
 TEST(CudaOnHostPlantedBugs, ContinuationSkippingAChunkIsCaught) {
-  std::string first;
-  const int n = failing_cases<PlantedBug::kContinuationSkipsChunk>(&first);
-  EXPECT_GT(n, 0) << "a planner that loses a continued tensor's next chunk went unnoticed";
-  std::printf("planted kContinuationSkipsChunk: %d failing cases; first: %s\n", n,
-              first.substr(0, 300).c_str());
+  for (const Shape* shape : {&kTiny, &kTinyClassic}) {
+    std::string first;
+    const int n = failing_cases<PlantedBug::kContinuationSkipsChunk>(*shape, &first);
+    EXPECT_GT(n, 0) << shape->name
+                    << ": a planner that loses a continued tensor's next chunk went unnoticed";
+    std::printf("planted kContinuationSkipsChunk, %s: %d failing cases; first: %s\n",
+                shape->name, n, first.substr(0, 300).c_str());
+  }
+  // The large production shape: the tensor continued past 2,048 blocks.
+  const auto r = check_asgd_case<PlantedBug::kContinuationSkipsChunk>(
+      asgd_continuation_case(), kProduction, BlockOrder::kForward, /*count=*/false);
+  EXPECT_FALSE(r) << "the large layout's continued tensor lost a chunk unnoticed";
+  std::printf("planted kContinuationSkipsChunk, production: %s\n",
+              std::string(r.message()).substr(0, 300).c_str());
 }
 
 TEST(CudaOnHostPlantedBugs, WrongSlotIsCaught) {
-  std::string first;
-  const int n = failing_cases<PlantedBug::kWrongSlot>(&first);
-  EXPECT_GT(n, 0) << "a planner that points a block at the wrong tensor slot went unnoticed";
-  std::printf("planted kWrongSlot: %d failing cases; first: %s\n", n,
-              first.substr(0, 300).c_str());
+  for (const Shape* shape : {&kTiny, &kTinyClassic}) {
+    std::string first;
+    const int n = failing_cases<PlantedBug::kWrongSlot>(*shape, &first);
+    EXPECT_GT(n, 0) << shape->name
+                    << ": a planner that points a block at the wrong tensor slot went unnoticed";
+    std::printf("planted kWrongSlot, %s: %d failing cases; first: %s\n", shape->name, n,
+                first.substr(0, 300).c_str());
+  }
+  // The large production shape: launches whose 340 (list state) or 566
+  // (packed) slots are full; slot indices past 255 need the uint16 index.
+  for (const bool packed : {false, true}) {
+    const auto r = check_asgd_case<PlantedBug::kWrongSlot>(
+        asgd_many_tensors_case(packed), kProduction, BlockOrder::kForward, /*count=*/false);
+    EXPECT_FALSE(r) << "a wrong slot in a full large launch went unnoticed";
+    std::printf("planted kWrongSlot, production %s: %s\n", packed ? "packed" : "lists",
+                std::string(r.message()).substr(0, 300).c_str());
+  }
 }
 
 }  // namespace
