@@ -10,11 +10,16 @@
 //   torchext_cuda_host_bench [--quick]
 //
 // Prints, per shape and state layout, microseconds per tensor for: the
-// arguments (ASGDArgs over the lists, as the typed kernel makes them), the checks alone (check_asgd_args), and the whole plan; the plan
-// minus the checks is the pointer reading, grouping and metadata. Timing is
+// arguments (ASGDArgs over the lists, as the typed kernel makes them), the
+// checks alone (check_asgd_args), and the whole plan (large parameter
+// layout, as eager CUDA launches use it); the plan minus the checks is the
+// pointer reading, grouping and metadata. Then the kernel launches one step
+// makes at each shape, in both parameter layouts: eager (32 KB, CUDA 13
+// builds) and captured into a CUDA graph (the classic 4 KB). Timing is
 // information, not a test: ctest runs it with --quick only to keep it built
 // and working.
 #include "../csrc/ops/asgd.h"
+#include "../csrc/ops/cuda/kernels/amp_kernels.h"
 #include "../csrc/ops/cuda/kernels/asgd_kernels.h"
 
 #include <ATen/ATen.h>
@@ -35,10 +40,16 @@ namespace k = torchext::kernels;
 // kernel would read stay pointers, the schedule table is host memory, and a
 // launch only reads its metadata (as copying it into kernel parameters would).
 struct NoLaunchExecutor {
+  static constexpr bool kLargeParams = true;
+  k::ParamLayout layout = k::ParamLayout::kLarge;
   int64_t launches = 0;
   uint64_t checksum = 0;
   void enter(const c10::Device&) {}
-  k::LaunchLimits limits() const { return {}; }
+  k::LaunchLimits limits() const {
+    k::LaunchLimits l;
+    l.layout = layout;
+    return l;
+  }
   bool kernel_reads(const at::Tensor&) const { return true; }
   at::Tensor pointer_table(int64_t count) const { return at::empty({count}, at::kLong); }
   template <typename Body, typename... Args>
@@ -69,49 +80,97 @@ double median_us(const std::function<void()>& fn, int reps) {
   return t[t.size() / 2];
 }
 
-void run(int64_t n, int64_t numel, bool packed, int reps) {
+// A list of n tensors of `numel` elements: random values, or, where only
+// the plan is made (launch counts), left uninitialized (never touched).
+at::Tensor make(int64_t numel, bool values) {
+  return values ? at::randn({numel}) : at::empty({numel});
+}
+
+struct Lists {
   std::vector<at::Tensor> p, g, ax, mus, etas, steps;
+  at::Tensor pm, pe, ps, lr;
+};
+
+Lists make_lists(int64_t n, int64_t numel, bool packed, bool values) {
+  Lists l;
   for (int64_t i = 0; i < n; ++i) {
-    p.push_back(at::randn({numel}));
-    g.push_back(at::randn({numel}));
-    ax.push_back(at::zeros({numel}));
+    l.p.push_back(make(numel, values));
+    l.g.push_back(make(numel, values));
+    l.ax.push_back(make(numel, values));
     if (!packed) {
-      mus.push_back(at::ones({}));
-      etas.push_back(at::full({}, 0.01));
-      steps.push_back(at::zeros({}));
+      l.mus.push_back(at::ones({}));
+      l.etas.push_back(at::full({}, 0.01));
+      l.steps.push_back(at::zeros({}));
     }
   }
-  const at::Tensor pm = at::ones({n}), pe = at::full({n}, 0.01), ps = at::zeros({n});
-  const at::Tensor lr = at::full({}, 0.01);
-  const torchext::ASGDHyperparams h{1e-4, 0.75, 0.0, 0.0, false};
-  using torchext::TensorListArg;
-  const TensorListArg lp(p), lg(g), lax(ax), lmus(mus), letas(etas), lsteps(steps);
-  // What the typed kernel does with the dispatcher's lists (asgd_registration.h).
-  const auto args = [&] {
-    torchext::ASGDArgs a =
-        torchext::asgd_args(torchext::TensorRefs(lp), torchext::TensorRefs(lg),
-                            torchext::TensorRefs(lax), lr, h, std::nullopt, std::nullopt);
+  l.pm = at::ones({n});
+  l.pe = at::full({n}, 0.01);
+  l.ps = at::zeros({n});
+  l.lr = at::full({}, 0.01);
+  return l;
+}
+
+const torchext::ASGDHyperparams kHyper{1e-4, 0.75, 0.0, 0.0, false};
+
+// What the typed kernel does with the dispatcher's lists (asgd_registration.h).
+struct ListArgs {
+  torchext::TensorListArg p, g, ax, mus, etas, steps;
+  explicit ListArgs(const Lists& l)
+      : p(l.p), g(l.g), ax(l.ax), mus(l.mus), etas(l.etas), steps(l.steps) {}
+  torchext::ASGDArgs args(const Lists& l, bool packed) const {
+    using torchext::TensorRefs;
+    torchext::ASGDArgs a = torchext::asgd_args(TensorRefs(p), TensorRefs(g), TensorRefs(ax), l.lr,
+                                               kHyper, std::nullopt, std::nullopt);
     if (packed) {
-      a.packed_mus = pm;
-      a.packed_etas = pe;
-      a.packed_steps = ps;
+      a.packed_mus = l.pm;
+      a.packed_etas = l.pe;
+      a.packed_steps = l.ps;
     } else {
-      a.mus = torchext::TensorRefs(lmus);
-      a.etas = torchext::TensorRefs(letas);
-      a.steps = torchext::TensorRefs(lsteps);
+      a.mus = TensorRefs(mus);
+      a.etas = TensorRefs(etas);
+      a.steps = TensorRefs(steps);
     }
     return a;
-  };
+  }
+};
+
+void run(int64_t n, int64_t numel, bool packed, int reps) {
+  const Lists lists = make_lists(n, numel, packed, /*values=*/true);
+  const ListArgs lists_args(lists);
   NoLaunchExecutor exec;
-  const double args_us = median_us([&] { (void)args(); }, reps);
-  const torchext::ASGDArgs a = args();
+  const double args_us = median_us([&] { (void)lists_args.args(lists, packed); }, reps);
+  const torchext::ASGDArgs a = lists_args.args(lists, packed);
   const double checks = median_us([&] { torchext::check_asgd_args(a); }, reps);
   const double plan = median_us([&] { k::asgd_launch(a, exec); }, reps);
   const double per = 1.0 / static_cast<double>(n);
-  std::printf("| %6lld x %-8lld | %-6s | %8.3f | %8.3f | %8.3f | %8.3f | %8lld |\n",
+  std::printf("| %6lld x %-8lld | %-6s | %8.3f | %8.3f | %8.3f | %8.3f |\n",
               static_cast<long long>(n), static_cast<long long>(numel),
               packed ? "packed" : "lists", args_us * per, checks * per, (plan - checks) * per,
-              (args_us + plan) * per, static_cast<long long>(exec.launches / (reps + 0)));
+              (args_us + plan) * per);
+}
+
+// Kernel launches of one asgd_ step (update launches + 1 schedule) and of
+// one unscale_ over the same grads, in `layout`.
+std::pair<int64_t, int64_t> launches_per_step(const Lists& l, bool packed, k::ParamLayout layout) {
+  NoLaunchExecutor step, unscale;
+  step.layout = unscale.layout = layout;
+  k::asgd_launch(ListArgs(l).args(l, packed), step);
+  const at::Tensor found = at::zeros({}), inv = at::ones({});
+  k::unscale_launch(l.g, found, inv, unscale);
+  return {step.launches, unscale.launches};
+}
+
+void print_launches(int64_t n, int64_t numel) {
+  for (const bool packed : {true, false}) {
+    const Lists l = make_lists(n, numel, packed, /*values=*/false);
+    const auto eager = launches_per_step(l, packed, k::ParamLayout::kLarge);
+    const auto graph = launches_per_step(l, packed, k::ParamLayout::kClassic);
+    std::printf("| %6lld x %-8lld | %-6s | %12lld | %12lld | %12lld | %12lld |\n",
+                static_cast<long long>(n), static_cast<long long>(numel),
+                packed ? "packed" : "lists", static_cast<long long>(eager.first),
+                static_cast<long long>(graph.first), static_cast<long long>(eager.second),
+                static_cast<long long>(graph.second));
+  }
 }
 
 }  // namespace
@@ -122,13 +181,23 @@ int main(int argc, char** argv) {
   const int reps = quick ? 3 : 51;
   std::printf("The CUDA asgd_ step's host side, no launches (us per tensor, median of %d)\n",
               reps);
-  std::printf("| tensors x numel   | state  | args     | checks   | plan-chk | total    | launches |\n");
-  std::printf("|-------------------|--------|----------|----------|----------|----------|----------|\n");
+  std::printf("| tensors x numel   | state  | args     | checks   | plan-chk | total    |\n");
+  std::printf("|-------------------|--------|----------|----------|----------|----------|\n");
   const std::vector<std::pair<int64_t, int64_t>> shapes =
       quick ? std::vector<std::pair<int64_t, int64_t>>{{100, 10}}
             : std::vector<std::pair<int64_t, int64_t>>{{10000, 100}, {1000, 1000}, {200, 50000}};
   for (const auto& [n, numel] : shapes) {
     for (const bool packed : {true, false}) run(n, numel, packed, reps);
   }
+  std::printf("\nKernel launches per step: asgd_ (update launches + 1 schedule) and unscale_\n"
+              "over its grads; eager = 32 KB parameters (CUDA 13 builds), graph = 4 KB (while\n"
+              "the stream captures a CUDA graph)\n");
+  std::printf("| tensors x numel   | state  | asgd_ eager  | asgd_ graph  | unscale_ eag | unscale_ gr  |\n");
+  std::printf("|-------------------|--------|--------------|--------------|--------------|--------------|\n");
+  const std::vector<std::pair<int64_t, int64_t>> launch_shapes =
+      quick ? std::vector<std::pair<int64_t, int64_t>>{{100, 10}}
+            : std::vector<std::pair<int64_t, int64_t>>{
+                  {10000, 100}, {1000, 1000}, {200, 50000}, {10, 5000000}, {100, 4000000}};
+  for (const auto& [n, numel] : launch_shapes) print_launches(n, numel);
   return 0;
 }

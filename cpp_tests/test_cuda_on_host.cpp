@@ -6,13 +6,13 @@
 // emulation of torch.optim.ASGD's for-loop path as torch's CUDA kernels
 // round it (one FMA in each `add` with alpha, every other operation rounded
 // on its own).
-//
-// The CudaDevice tests run the same cases through the real CUDA kernels when
-// a GPU is there (scripts/gpu_check.sh), and skip otherwise.
+// The cases and the comparisons are cuda_cases.h, shared with
+// test_cuda_on_device.cpp (ctest cuda_on_device: the real CUDA kernels).
 #include "../csrc/ops/cuda/kernels/amp_kernels.h"
 #include "../csrc/ops/cuda/kernels/asgd_kernels.h"
-#include "../csrc/ops/cuda/kernels/host_runner.h"
 #include "../csrc/ops/cuda/kernels/swap_kernels.h"
+#include "cuda_cases.h"
+#include "host_runner.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -38,6 +38,7 @@ namespace {
 using torchext::kernels::BlockOrder;
 using torchext::kernels::HostRunner;
 using torchext::kernels::LaunchLimits;
+using torchext::kernels::ParamLayout;
 using torchext::kernels::PlantedBug;
 using torchext::kernels::RunCounts;
 
@@ -92,10 +93,20 @@ struct Shape {
   LaunchLimits limits;
 };
 // Small shapes make a handful of small tensors continue across launches and
-// fill every launch's tensor slots; the production shape is tested too.
-const Shape kTiny{"tiny", {16, 5, 3, 2}};       // chunk 16, 5 blocks, 3 slots, 2 threads
-const Shape kSmall{"small", {64, 7, 4, 8}};     // chunk 64, 7 blocks, 4 slots, 8 threads
-const Shape kProduction{"production", {}};      // chunk auto (4K to 64K), 320 blocks, 512 threads
+// fill every launch's tensor slots; the production shapes are tested too.
+// Each in both parameter layouts: the large one (eager CUDA launches) and
+// the classic one (while a CUDA graph captures): their metadata differ in
+// size and in the type of the block-to-slot index.
+constexpr ParamLayout kLarge = ParamLayout::kLarge;
+constexpr ParamLayout kClassic = ParamLayout::kClassic;
+const Shape kTiny{"tiny", {16, 5, 3, 2, kLarge}};  // chunk 16, 5 blocks, 3 slots, 2 threads
+const Shape kTinyClassic{"tiny classic", {16, 5, 3, 2, kClassic}};
+const Shape kSmall{"small", {64, 7, 4, 8, kLarge}};  // chunk 64, 7 blocks, 4 slots, 8 threads
+const Shape kSmallClassic{"small classic", {64, 7, 4, 8, kClassic}};
+// Chunk auto (4K to 64K), 512 threads; 2,048 blocks (large), 320 (classic).
+const Shape kProduction{"production", {}};
+const Shape kProductionClassic{"production classic", {0, 0, 0, 512, kClassic}};
+const Shape* const kSmallShapes[] = {&kTiny, &kTinyClassic, &kSmall, &kSmallClassic};
 
 const BlockOrder kOrders[] = {BlockOrder::kForward, BlockOrder::kReverse, BlockOrder::kShuffled};
 const char* order_name(BlockOrder o) {
@@ -113,265 +124,7 @@ HostRunner<Bug> make_runner(const Shape& s, BlockOrder o, uint64_t seed, bool lr
 }
 
 // ---------------------------------------------------------------------------
-// Tensors as slices of their own buffers, with guard bands around them and,
-// for strided layouts, gaps inside: after a run, nothing outside the tensor
-// may have changed.
-
-enum class Layout { kContiguous, kTransposed, kStrided };
-
-class Arena {
- public:
-  // A tensor of `numel` elements, shape {numel / 3, 3} when 3 divides it and
-  // {numel} otherwise, whatever the layout (so that p, g and ax of one entry
-  // match), starting `offset` elements past an aligned address (offset 1..3
-  // makes a slice that is not vector-aligned).
-  at::Tensor make(int64_t numel, at::ScalarType dtype, int64_t offset, Layout layout,
-                  std::mt19937_64& rng) {
-    constexpr int64_t kPad = 64;  // elements; 64 * element size is a multiple of 64 bytes
-    const int64_t span = layout == Layout::kStrided ? 2 * numel : numel;
-    const int64_t total = kPad + offset + span + kPad;
-    at::Tensor buf = random_values({total}, dtype, rng);
-    at::Tensor slice = buf.narrow(0, kPad + offset, span);
-    const bool two_d = numel > 0 && numel % 3 == 0;
-    const std::vector<int64_t> shape =
-        two_d ? std::vector<int64_t>{numel / 3, 3} : std::vector<int64_t>{numel};
-    at::Tensor t;
-    switch (layout) {
-      case Layout::kContiguous:
-        t = slice.view(shape);
-        break;
-      case Layout::kTransposed:  // dense, not contiguous (1-D: contiguous)
-        t = two_d ? slice.view({3, numel / 3}).t() : slice;
-        break;
-      case Layout::kStrided:  // not dense: every other element
-        t = two_d ? slice.as_strided(shape, {6, 2}) : slice.as_strided(shape, {2});
-        break;
-    }
-    // What must not change: the pads, and for the strided layout the
-    // elements between the tensor's.
-    Slab slab{buf, {}};
-    slab.guards.push_back(buf.narrow(0, 0, kPad + offset));
-    slab.guards.push_back(buf.narrow(0, kPad + offset + span, kPad));
-    if (layout == Layout::kStrided && numel > 0) {
-      slab.guards.push_back(slice.as_strided({numel}, {2}, slice.storage_offset() + 1));
-    }
-    for (const auto& g : slab.guards) slab.before.push_back(g.clone());
-    slabs_.push_back(std::move(slab));
-    return t;
-  }
-
-  // Every element outside the tensors, bit for bit as before.
-  ::testing::AssertionResult guards_intact() const {
-    for (size_t i = 0; i < slabs_.size(); ++i) {
-      const auto& s = slabs_[i];
-      for (size_t k = 0; k < s.guards.size(); ++k) {
-        if (!as_bytes(s.guards[k]).equal(as_bytes(s.before[k]))) {
-          return ::testing::AssertionFailure() << "buffer " << i << " (" << s.buf.scalar_type()
-                                               << ") changed outside its tensor";
-        }
-      }
-    }
-    return ::testing::AssertionSuccess();
-  }
-
-  static at::Tensor random_values(at::IntArrayRef shape, at::ScalarType dtype,
-                                  std::mt19937_64& rng) {
-    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(rng());
-    if (at::isComplexType(dtype)) {
-      return at::randn(shape, gen, at::TensorOptions().dtype(dtype));
-    }
-    if (dtype == at::kDouble) return at::randn(shape, gen, at::TensorOptions().dtype(dtype));
-    if (at::isFloatingType(dtype)) {
-      return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat)).to(dtype);
-    }
-    return at::randint(0, 120, shape, gen, at::TensorOptions().dtype(dtype));
-  }
-
-  static at::Tensor as_bytes(const at::Tensor& t) {
-    const at::Tensor r = t.is_complex() ? at::view_as_real(t) : t;
-    return r.contiguous().view(at::kByte).flatten();
-  }
-
- private:
-  struct Slab {
-    at::Tensor buf;
-    std::vector<at::Tensor> guards, before;
-  };
-  std::vector<Slab> slabs_;
-};
-
-// got and want bit for bit (any NaN equals any NaN: CPU and GPU NaN payloads
-// need not agree).
-::testing::AssertionResult same_bits(const at::Tensor& got, const at::Tensor& want,
-                                     const std::string& what) {
-  if (got.sizes() != want.sizes() || got.scalar_type() != want.scalar_type()) {
-    return ::testing::AssertionFailure() << what << ": shape/dtype " << got.sizes() << " "
-                                         << got.scalar_type() << " vs " << want.sizes() << " "
-                                         << want.scalar_type();
-  }
-  at::Tensor g = got.cpu(), w = want.cpu();
-  if (g.is_complex()) {
-    g = at::view_as_real(g.resolve_conj());
-    w = at::view_as_real(w.resolve_conj());
-  }
-  g = g.contiguous().flatten();
-  w = w.contiguous().flatten();
-  const auto size = g.element_size();
-  const at::ScalarType bits = size == 1 ? at::kByte : size == 2 ? at::kShort
-                              : size == 4 ? at::kInt : at::kLong;
-  at::Tensor same = g.view(bits).eq(w.view(bits));
-  if (at::isFloatingType(g.scalar_type())) same = same | (g.isnan() & w.isnan());
-  if (same.all().item<bool>()) return ::testing::AssertionSuccess();
-  const at::Tensor bad = (~same).nonzero().flatten();
-  const int64_t i = bad[0].item<int64_t>();
-  return ::testing::AssertionFailure()
-         << what << ": " << bad.numel() << " of " << g.numel() << " elements differ; first at "
-         << i << ": got " << g[i].item<double>() << ", want " << w[i].item<double>();
-}
-
-std::vector<at::Tensor> clones(const std::vector<at::Tensor>& ts) {
-  std::vector<at::Tensor> out;
-  for (const auto& t : ts) out.push_back(t.defined() ? t.clone() : t);
-  return out;
-}
-
-const at::ScalarType kParamDtypes[] = {at::kFloat, at::kDouble, at::kHalf,
-                                       at::kBFloat16, at::kComplexFloat, at::kComplexDouble};
-
-// ---------------------------------------------------------------------------
 // asgd_
-
-struct EntrySpec {
-  int64_t numel;
-  at::ScalarType dtype;
-  int64_t offset[3];  // p, g, ax
-  Layout layout[3];
-};
-
-struct ASGDCase {
-  std::string name;
-  std::vector<EntrySpec> entries;
-  bool packed = false;
-  at::ScalarType state_dtype = at::kFloat;
-  bool tensor_lr = true;
-  bool lr_in_device = false;  // runner: load the lr tensor through its pointer
-  double lr = 0.05, lambd = 1e-2, alpha = 0.75, t0 = 1.0, weight_decay = 0.0;
-  bool maximize = false;
-  std::optional<float> grad_scale;
-  std::optional<float> found_inf;
-  int steps = 2;
-  std::vector<bool> skip;  // entries the plan skips (as it skips entries without grads)
-  uint64_t seed = 0;
-
-  std::string describe() const {
-    std::ostringstream s;
-    s << name << " (" << entries.size() << " entries, " << (packed ? "packed " : "list ")
-      << state_dtype << " state, lr " << (tensor_lr ? (lr_in_device ? "device tensor" : "tensor") : "float")
-      << ", wd " << weight_decay << (maximize ? ", maximize" : "")
-      << (grad_scale ? ", grad_scale" : "") << (found_inf ? (*found_inf != 0 ? ", found_inf=1" : ", found_inf=0") : "")
-      << ", t0 " << t0 << ", seed " << seed << ")";
-    return s.str();
-  }
-};
-
-// The tensors of one asgd_ call.
-struct ASGDTensors {
-  std::vector<at::Tensor> params, grads, axs, mus, etas, steps;  // list state
-  at::Tensor packed_mus, packed_etas, packed_steps;              // packed state
-  at::Tensor lr, grad_scale, found_inf;
-
-  ASGDTensors deep_copy() const {
-    ASGDTensors c;
-    c.params = clones(params);
-    c.grads = clones(grads);
-    c.axs = clones(axs);
-    c.mus = clones(mus);
-    c.etas = clones(etas);
-    c.steps = clones(steps);
-    for (auto [dst, src] : {std::pair{&c.packed_mus, &packed_mus}, {&c.packed_etas, &packed_etas},
-                            {&c.packed_steps, &packed_steps}, {&c.lr, &lr},
-                            {&c.grad_scale, &grad_scale}, {&c.found_inf, &found_inf}}) {
-      if (src->defined()) *dst = src->clone();
-    }
-    return c;
-  }
-  ASGDTensors to(const at::Device& d) const {
-    ASGDTensors c = deep_copy();
-    for (auto* l : {&c.params, &c.grads, &c.axs, &c.mus, &c.etas, &c.steps}) {
-      for (auto& t : *l) t = t.to(d);
-    }
-    for (auto* t : {&c.packed_mus, &c.packed_etas, &c.packed_steps, &c.lr, &c.grad_scale,
-                    &c.found_inf}) {
-      if (t->defined()) *t = t->to(d);
-    }
-    return c;
-  }
-};
-
-ASGDTensors make_asgd_tensors(const ASGDCase& c, Arena& arena) {
-  std::mt19937_64 rng(c.seed);
-  ASGDTensors t;
-  const auto n = static_cast<int64_t>(c.entries.size());
-  for (const auto& e : c.entries) {
-    t.params.push_back(arena.make(e.numel, e.dtype, e.offset[0], e.layout[0], rng));
-    t.grads.push_back(arena.make(e.numel, e.dtype, e.offset[1], e.layout[1], rng));
-    t.axs.push_back(arena.make(e.numel, e.dtype, e.offset[2], e.layout[2], rng));
-  }
-  // A plausible state: step s, eta and mu from torch's schedule at s.
-  std::uniform_int_distribution<int> step_dist(0, 6);
-  const auto so = at::TensorOptions().dtype(c.state_dtype);
-  at::Tensor steps = at::empty({n}, so), etas = at::empty({n}, so), mus = at::empty({n}, so);
-  for (int64_t i = 0; i < n; ++i) {
-    const double s = step_dist(rng);
-    steps[i] = s;
-    etas[i] = s == 0 ? c.lr : c.lr / std::pow(1 + c.lambd * c.lr * s, c.alpha);
-    mus[i] = 1.0 / std::max(1.0, s - c.t0);
-  }
-  if (c.packed) {
-    t.packed_steps = steps;
-    t.packed_etas = etas;
-    t.packed_mus = mus;
-  } else {
-    for (int64_t i = 0; i < n; ++i) {
-      t.steps.push_back(steps[i].clone());
-      t.etas.push_back(etas[i].clone());
-      t.mus.push_back(mus[i].clone());
-    }
-  }
-  // The op's lr is a tensor: a float32 one (a tensor lr), or a float64 CPU
-  // one (what a Python float lr becomes).
-  t.lr = c.tensor_lr ? at::full({}, c.lr, at::kFloat) : at::full({}, c.lr, at::kDouble);
-  if (c.grad_scale) t.grad_scale = at::full({}, *c.grad_scale, at::kFloat);
-  if (c.found_inf) t.found_inf = at::full({}, *c.found_inf, at::kFloat);
-  if (c.grad_scale) {  // scaled grads
-    for (auto& g : t.grads) g.mul_(*c.grad_scale);
-  }
-  return t;
-}
-
-torchext::ASGDHyperparams hyper_of(const ASGDCase& c) {
-  return {c.lambd, c.alpha, c.t0, c.weight_decay, c.maximize};
-}
-
-std::optional<at::Tensor> opt(const at::Tensor& x) {
-  return x.defined() ? std::optional<at::Tensor>(x) : std::nullopt;
-}
-
-// One asgd_ call through the dispatcher, as Python makes it.
-void call_asgd(const ASGDCase& c, const ASGDTensors& t) {
-  using torchext::TensorListArg;
-  auto stack =
-      c.packed ? torchext::asgd_stack(TensorListArg(t.params), TensorListArg(t.grads),
-                                      TensorListArg(t.axs), t.packed_mus, t.packed_etas,
-                                      t.packed_steps, t.lr, hyper_of(c), opt(t.grad_scale),
-                                      opt(t.found_inf))
-               : torchext::asgd_stack(TensorListArg(t.params), TensorListArg(t.grads),
-                                      TensorListArg(t.axs), TensorListArg(t.mus),
-                                      TensorListArg(t.etas), TensorListArg(t.steps), t.lr,
-                                      hyper_of(c), opt(t.grad_scale), opt(t.found_inf));
-  torchext::asgd_op(c.packed ? torchext::ASGDState::kPacked : torchext::ASGDState::kLists)
-      .callBoxed(&stack);
-}
 
 // The same call's arguments as the kernels read them.
 torchext::ASGDArgs host_args(const ASGDCase& c, const ASGDTensors& t) {
@@ -392,35 +145,6 @@ torchext::ASGDArgs host_args(const ASGDCase& c, const ASGDTensors& t) {
   return a;
 }
 
-// The reference: the CPU kernel through the dispatcher. Skipped entries are
-// left out of its lists (packed state: as 0-d views of their elements).
-void run_reference(const ASGDCase& c, ASGDTensors& t) {
-  const bool any_skip = std::find(c.skip.begin(), c.skip.end(), true) != c.skip.end();
-  for (int s = 0; s < c.steps; ++s) {
-    if (!any_skip) {
-      call_asgd(c, t);
-      continue;
-    }
-    ASGDCase sub = c;
-    sub.packed = false;
-    ASGDTensors kept;
-    kept.lr = t.lr;
-    kept.grad_scale = t.grad_scale;
-    kept.found_inf = t.found_inf;
-    for (size_t i = 0; i < c.entries.size(); ++i) {
-      if (c.skip[i]) continue;
-      kept.params.push_back(t.params[i]);
-      kept.grads.push_back(t.grads[i]);
-      kept.axs.push_back(t.axs[i]);
-      kept.mus.push_back(c.packed ? t.packed_mus[i] : t.mus[i]);
-      kept.etas.push_back(c.packed ? t.packed_etas[i] : t.etas[i]);
-      kept.steps.push_back(c.packed ? t.packed_steps[i] : t.steps[i]);
-    }
-    if (kept.params.empty()) continue;
-    call_asgd(sub, kept);
-  }
-}
-
 template <typename Runner>
 void run_on_host(const ASGDCase& c, ASGDTensors& t, Runner& runner) {
   runner.set_op("asgd_: ");
@@ -432,38 +156,6 @@ void run_on_host(const ASGDCase& c, ASGDTensors& t, Runner& runner) {
     }
     torchext::kernels::asgd_launch(host_args(c, with_skips), runner);
   }
-}
-
-// Everything asgd_ may write, and what it only reads, bit for bit.
-::testing::AssertionResult same_asgd_results(const ASGDCase& c, const ASGDTensors& got,
-                                             const ASGDTensors& want) {
-  const auto check = [&](const at::Tensor& g, const at::Tensor& w,
-                         const std::string& what) -> ::testing::AssertionResult {
-    return same_bits(g, w, what);
-  };
-  for (size_t i = 0; i < c.entries.size(); ++i) {
-    const std::string at = "[" + std::to_string(i) + "]";
-    for (auto r : {check(got.params[i], want.params[i], "param" + at),
-                   check(got.axs[i], want.axs[i], "ax" + at),
-                   check(got.grads[i], want.grads[i], "grad" + at)}) {
-      if (!r) return r;
-    }
-    if (!c.packed) {
-      for (auto r : {check(got.steps[i], want.steps[i], "step" + at),
-                     check(got.etas[i], want.etas[i], "eta" + at),
-                     check(got.mus[i], want.mus[i], "mu" + at)}) {
-        if (!r) return r;
-      }
-    }
-  }
-  if (c.packed) {
-    for (auto r : {check(got.packed_steps, want.packed_steps, "steps"),
-                   check(got.packed_etas, want.packed_etas, "etas"),
-                   check(got.packed_mus, want.packed_mus, "mus")}) {
-      if (!r) return r;
-    }
-  }
-  return ::testing::AssertionSuccess();
 }
 
 // torch.optim.ASGD's for-loop step as torch's CUDA kernels round it, per
@@ -565,8 +257,6 @@ ASGDTensors emulate_torch_cuda(const ASGDCase& c, const ASGDTensors& initial,
   return e;
 }
 
-bool cpu_isa_fuses() { return std::string(torchext::cpu_isa()) != "DEFAULT"; }
-
 // Runs case c on the host runner and checks it against the CPU kernels
 // (when the CPU ISA fuses like torch's CUDA kernels) and the emulation.
 template <PlantedBug Bug = PlantedBug::kNone>
@@ -595,65 +285,19 @@ template <PlantedBug Bug = PlantedBug::kNone>
   return ::testing::AssertionSuccess();
 }
 
-EntrySpec random_entry(std::mt19937_64& rng, int64_t max_numel, bool any_layout = true,
-                       const std::vector<at::ScalarType>& dtypes = {}) {
-  EntrySpec e{};
-  std::uniform_int_distribution<int64_t> numel(0, max_numel);
-  std::uniform_int_distribution<int> pick(0, 99);
-  e.numel = pick(rng) < 10 ? 0 : numel(rng);  // some empty tensors
-  if (dtypes.empty()) {
-    e.dtype = kParamDtypes[pick(rng) % 6];
-  } else {
-    e.dtype = dtypes[pick(rng) % dtypes.size()];
-  }
-  for (int k = 0; k < 3; ++k) {
-    const int r = pick(rng);
-    e.offset[k] = r < 60 ? 0 : 1 + r % 3;  // 40%: not vector-aligned
-    e.layout[k] = !any_layout || r % 10 < 7 ? Layout::kContiguous
-                  : r % 10 < 9              ? Layout::kTransposed
-                                            : Layout::kStrided;
-  }
-  return e;
-}
-
-// A mixed list: every dtype, empty tensors, unaligned slices, layouts that
-// need temporaries, and (for the small shapes) tensors spanning launches.
-ASGDCase random_asgd_case(uint64_t seed, int64_t nentries, int64_t max_numel) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int> pick(0, 99);
-  ASGDCase c;
-  c.name = "random";
-  c.seed = seed;
-  for (int64_t i = 0; i < nentries; ++i) c.entries.push_back(random_entry(rng, max_numel));
-  c.packed = pick(rng) < 50;
-  c.state_dtype = pick(rng) < 75 ? at::kFloat : at::kDouble;
-  const int lr_kind = pick(rng) % 3;
-  c.tensor_lr = lr_kind != 0;
-  c.lr_in_device = lr_kind == 2;
-  c.lr = 0.01 + 0.1 * pick(rng) / 100.0;
-  c.lambd = pick(rng) < 50 ? 1e-4 : 0.05;
-  c.alpha = pick(rng) < 50 ? 0.75 : 0.5;
-  c.t0 = pick(rng) < 50 ? 1.0 : 1e6;  // averaging, or mu == 1 (ax = param)
-  c.weight_decay = pick(rng) < 50 ? 0.0 : 0.01;
-  c.maximize = pick(rng) < 25;
-  if (pick(rng) < 40) c.grad_scale = pick(rng) < 50 ? 1024.f : 3.f;
-  if (pick(rng) < 30) c.found_inf = pick(rng) < 50 ? 0.f : 1.f;
-  c.steps = 2;
-  return c;
-}
-
 TEST(CudaOnHost, AsgdRandomListsEveryOrder) {
   int checked = 0;
-  for (const Shape* shape : {&kTiny, &kSmall}) {
+  for (const Shape* shape : kSmallShapes) {
+    const bool tiny = shape == &kTiny || shape == &kTinyClassic;
     for (uint64_t seed = 1; seed <= 12; ++seed) {
-      const ASGDCase c = random_asgd_case(seed * 101 + (shape == &kTiny), 14, 150);
+      const ASGDCase c = random_asgd_case(seed * 101 + tiny, 14, 150);
       for (BlockOrder o : kOrders) {
         EXPECT_TRUE(check_asgd_case(c, *shape, o));
         ++checked;
       }
     }
   }
-  EXPECT_EQ(checked, 72);
+  EXPECT_EQ(checked, 144);
 }
 
 // Each option on its own, over one list that has everything else.
@@ -701,6 +345,7 @@ TEST(CudaOnHost, AsgdOptions) {
   }
   for (const auto& c : cases) {
     EXPECT_TRUE(check_asgd_case(c, kTiny, BlockOrder::kShuffled));
+    EXPECT_TRUE(check_asgd_case(c, kTinyClassic, BlockOrder::kReverse));
   }
 }
 
@@ -762,25 +407,23 @@ TEST(CudaOnHost, AsgdAlignmentsAndTails) {
       }
     }
     c.weight_decay = 0.01;
-    for (const Shape* s : {&kTiny, &kSmall}) {
-      EXPECT_TRUE(check_asgd_case(c, *s, BlockOrder::kForward));
-    }
+    for (const Shape* s : kSmallShapes) EXPECT_TRUE(check_asgd_case(c, *s, BlockOrder::kForward));
   }
 }
 
-// The production launch shape: a list longer than one launch's tensor slots,
-// and tensors that fill more than one launch's 320 blocks (one continues
-// into the next launch, another spans three).
-TEST(CudaOnHost, AsgdProductionShape) {
+// The classic production launch shape: a list longer than one launch's
+// tensor slots, and tensors that fill more than one launch's 320 blocks (one
+// continues into the next launch, another spans three).
+TEST(CudaOnHost, AsgdProductionShapeClassic) {
   ASGDCase many;
   many.name = "production, many tensors";
   many.seed = 3;
   std::mt19937_64 rng(3);
   for (int i = 0; i < 90; ++i) many.entries.push_back(random_entry(rng, 3000));
-  many.packed = false;
-  EXPECT_TRUE(check_asgd_case(many, kProduction, BlockOrder::kShuffled));
-  many.packed = true;
-  EXPECT_TRUE(check_asgd_case(many, kProduction, BlockOrder::kReverse));
+  many.packed = false;  // 40 slots per launch
+  EXPECT_TRUE(check_asgd_case(many, kProductionClassic, BlockOrder::kShuffled));
+  many.packed = true;  // 67 slots per launch
+  EXPECT_TRUE(check_asgd_case(many, kProductionClassic, BlockOrder::kReverse));
 
   ASGDCase big;
   big.name = "production, continuation";
@@ -796,11 +439,69 @@ TEST(CudaOnHost, AsgdProductionShape) {
   big.entries[1].offset[1] = 1;  // one unaligned grad: the scalar loop for that tensor
   big.entries[2].dtype = at::kBFloat16;
   big.grad_scale = 8.f;
-  EXPECT_TRUE(check_asgd_case(big, kProduction, BlockOrder::kForward));
+  EXPECT_TRUE(check_asgd_case(big, kProductionClassic, BlockOrder::kForward));
+}
+
+// 1000 small float32 and complex64 tensors (one dtype group: complex
+// tensors are walked as float32) of every layout and alignment: more than
+// one large launch's tensor slots (340 with list state, 566 with packed
+// state).
+ASGDCase asgd_many_tensors_case(bool packed) {
+  ASGDCase c;
+  c.name = "production, 1000 tensors";
+  c.seed = 13;
+  c.steps = 1;
+  c.packed = packed;
+  std::mt19937_64 rng(13);
+  for (int i = 0; i < 1000; ++i) {
+    c.entries.push_back(random_entry(rng, 600, true, {at::kFloat, at::kComplexFloat}));
+  }
+  return c;
+}
+
+// 300 float32 tensors of 28000 elements: 4K chunks, 7 per tensor, 2,100
+// blocks. The first large launch fills its 2,048 blocks 4 chunks into
+// tensor 292, which continues as slot 0 of the second launch.
+ASGDCase asgd_continuation_case() {
+  ASGDCase c;
+  c.name = "production, continuation";
+  c.seed = 14;
+  c.steps = 1;
+  c.packed = true;
+  for (int i = 0; i < 300; ++i) {
+    c.entries.push_back({28000, at::kFloat, {0, 0, 0},
+                         {Layout::kContiguous, Layout::kContiguous, Layout::kContiguous}});
+  }
+  c.entries[292].offset[1] = 1;  // the continued tensor's grad unaligned: the scalar loop
+  c.grad_scale = 4.f;
+  return c;
+}
+
+// The large production launch shape, as eager CUDA launches use it.
+TEST(CudaOnHost, AsgdProductionShape) {
+  for (const bool packed : {false, true}) {
+    const ASGDCase many = asgd_many_tensors_case(packed);
+    EXPECT_TRUE(check_asgd_case(many, kProduction, BlockOrder::kShuffled));
+    Arena arena;
+    ASGDTensors t = make_asgd_tensors(many, arena);
+    auto runner = make_runner(kProduction, BlockOrder::kForward, 1);
+    run_on_host(many, t, runner);
+    EXPECT_EQ(runner.counts().at("asgd_: asgd_ update").launches, packed ? 2 : 3);
+  }
+  const ASGDCase big = asgd_continuation_case();
+  EXPECT_TRUE(check_asgd_case(big, kProduction, BlockOrder::kReverse));
+  Arena arena;
+  ASGDTensors t = make_asgd_tensors(big, arena);
+  auto runner = make_runner(kProduction, BlockOrder::kForward, 1);
+  run_on_host(big, t, runner);
+  const RunCounts& update = runner.counts().at("asgd_: asgd_ update");
+  EXPECT_EQ(update.launches, 2);
+  EXPECT_EQ(update.blocks, 2100);
 }
 
 // The production chunk size follows the list: 64K chunks for tensors of
-// 0.5M elements and more, down to 4K for small ones, about 8 per tensor.
+// more than 256K elements on average, down to 4K for small ones, about 8
+// per tensor.
 TEST(CudaOnHost, AutoChunkSize) {
   using torchext::kernels::auto_chunk_size;
   EXPECT_EQ(auto_chunk_size(200 * 50000, 200), 8192);
@@ -809,75 +510,97 @@ TEST(CudaOnHost, AutoChunkSize) {
   EXPECT_EQ(auto_chunk_size(0, 0), 4096);
   EXPECT_EQ(auto_chunk_size(524288, 1), 65536);
   EXPECT_EQ(auto_chunk_size(524287, 1), 65536);
+  EXPECT_EQ(auto_chunk_size(262145, 1), 65536);
   EXPECT_EQ(auto_chunk_size(262144, 1), 32768);
 
-  // 40 float32 tensors of 50000 elements: chunks of 8192, 7 per tensor; 36
-  // tensors (252 blocks) fill the first launch, 4 the second. The results
-  // are those of the CPU kernel, bit for bit.
+  // 40 float32 tensors of 50000 elements: chunks of 8192, 7 per tensor, 280
+  // blocks; in the classic layout 40 tensors (list state) fill one launch.
+  // The results are those of the CPU kernel, bit for bit.
   ASGDCase c;
   c.name = "production, 40 x 50000";
   c.seed = 9;
   c.steps = 1;
-  c.packed = true;
   for (int i = 0; i < 40; ++i) {
     c.entries.push_back({50000, at::kFloat, {0, 0, 0},
                          {Layout::kContiguous, Layout::kContiguous, Layout::kContiguous}});
   }
-  EXPECT_TRUE(check_asgd_case(c, kProduction, BlockOrder::kShuffled));
+  EXPECT_TRUE(check_asgd_case(c, kProductionClassic, BlockOrder::kShuffled));
   Arena arena;
   ASGDTensors t = make_asgd_tensors(c, arena);
-  auto runner = make_runner(kProduction, BlockOrder::kForward, 1);
+  auto runner = make_runner(kProductionClassic, BlockOrder::kForward, 1);
   run_on_host(c, t, runner);
   const RunCounts& update = runner.counts().at("asgd_: asgd_ update");
-  EXPECT_EQ(update.launches, 2);
+  EXPECT_EQ(update.launches, 1);
   EXPECT_EQ(update.blocks, 40 * 7);
+}
+
+// An executor that plans but runs nothing: it counts launches per kernel.
+struct CountingExecutor {
+  static constexpr bool kLargeParams = true;
+  LaunchLimits lim;
+  std::map<std::string, int64_t> launches;
+  void enter(const c10::Device&) {}
+  const LaunchLimits& limits() const { return lim; }
+  bool kernel_reads(const at::Tensor&) const { return true; }
+  at::Tensor pointer_table(int64_t count) const { return at::empty({count}, at::kLong); }
+  template <typename Body, typename... Args>
+  void launch(unsigned, unsigned, const Args&...) {
+    ++launches[Body::kName];
+  }
+};
+
+// Launches per step at the benchmark shapes (bench_cuda_host prints the same
+// counts; docs/benchmarks.md lists them): asgd_'s update launches (its
+// schedule is one more), and unscale_'s over the same grads.
+TEST(CudaOnHost, LaunchesPerStep) {
+  struct Want {
+    int64_t n, numel;
+    int packed_large, lists_large, scan_large, packed_classic, lists_classic, scan_classic;
+  };
+  for (const Want& w : {Want{200, 50000, 1, 1, 1, 5, 5, 5}, Want{1000, 1000, 2, 3, 1, 15, 25, 9},
+                        Want{10000, 100, 18, 30, 10, 150, 250, 82},
+                        Want{100, 4000000, 4, 4, 4, 20, 20, 20}}) {
+    for (const ParamLayout layout : {kLarge, kClassic}) {
+      for (const bool packed : {true, false}) {
+        ASGDCase c;
+        c.packed = packed;
+        ASGDTensors t;
+        for (int64_t i = 0; i < w.n; ++i) {
+          // Never read: the plan only takes their pointers and sizes.
+          t.params.push_back(at::empty({w.numel}));
+          t.grads.push_back(at::empty({w.numel}));
+          t.axs.push_back(at::empty({w.numel}));
+          if (!packed) {
+            t.mus.push_back(at::ones({}));
+            t.etas.push_back(at::ones({}));
+            t.steps.push_back(at::zeros({}));
+          }
+        }
+        if (packed) {
+          t.packed_mus = at::ones({w.n});
+          t.packed_etas = at::ones({w.n});
+          t.packed_steps = at::zeros({w.n});
+        }
+        t.lr = at::full({}, 0.1);
+        CountingExecutor exec, scan;
+        exec.lim.layout = scan.lim.layout = layout;
+        torchext::kernels::asgd_launch(host_args(c, t), exec);
+        torchext::kernels::unscale_launch(t.grads, at::zeros({}), at::ones({}), scan);
+        const bool large = layout == kLarge;
+        const int want = packed ? (large ? w.packed_large : w.packed_classic)
+                                : (large ? w.lists_large : w.lists_classic);
+        const std::string where = std::to_string(w.n) + " x " + std::to_string(w.numel) +
+                                  (packed ? " packed" : " lists") + (large ? " large" : " classic");
+        EXPECT_EQ(exec.launches["asgd_ update"], want) << where;
+        EXPECT_EQ(exec.launches.size(), 2u) << where;  // and one schedule launch
+        EXPECT_EQ(scan.launches["scan"], large ? w.scan_large : w.scan_classic) << where;
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------
 // check_finite_ / unscale_
-
-struct ScanCase {
-  std::string name;
-  std::vector<EntrySpec> entries;  // offset[0] and layout[0] are used
-  // (entry, chunk (-1: the middle one, -2: the last one), value) to plant
-  std::vector<std::tuple<size_t, int64_t, double>> plants;
-  std::optional<float> inv_scale;  // unscale_ when set
-  float found_inf = 0.f;
-  uint64_t seed = 0;
-};
-
-// The k-th element of t in logical order, as a view.
-at::Tensor element_view(const at::Tensor& t, int64_t k) {
-  std::vector<int64_t> idx(t.dim());
-  for (int64_t d = t.dim() - 1; d >= 0; --d) {
-    idx[d] = k % t.size(d);
-    k /= t.size(d);
-  }
-  at::Tensor e = t;
-  for (int64_t d = 0; d < t.dim(); ++d) e = e.select(0, idx[d]);
-  return e;
-}
-
-std::vector<at::Tensor> make_scan_tensors(const ScanCase& c, Arena& arena, int64_t chunk) {
-  std::mt19937_64 rng(c.seed);
-  std::vector<at::Tensor> ts;
-  for (const auto& e : c.entries) {
-    ts.push_back(arena.make(e.numel, e.dtype, e.offset[0], e.layout[0], rng));
-  }
-  for (const auto& [i, which, value] : c.plants) {
-    const at::Tensor& t = ts[i];
-    if (t.numel() == 0) continue;
-    // Chunks count real elements (a complex element is two).
-    const int64_t reals = t.is_complex() ? 2 : 1;
-    const int64_t nchunks = (t.numel() * reals + chunk - 1) / chunk;
-    const int64_t ch = which == -1 ? nchunks / 2 : which == -2 ? nchunks - 1 : which;
-    const int64_t real_index = ch * chunk + static_cast<int64_t>(rng() % chunk);
-    // For contiguous tensors the logical order is the memory order the
-    // chunks follow; for the others the chunk is only nominal.
-    element_view(t, std::min(t.numel() - 1, real_index / reals)).fill_(value);
-  }
-  return ts;
-}
 
 template <typename Runner>
 void scan_on_host(const ScanCase& c, const std::vector<at::Tensor>& ts, const at::Tensor& found,
@@ -890,22 +613,6 @@ void scan_on_host(const ScanCase& c, const std::vector<at::Tensor>& ts, const at
     torchext::kernels::check_finite_launch(ts, found, runner);
   }
 }
-
-void scan_reference(const ScanCase& c, const std::vector<at::Tensor>& ts, const at::Tensor& found,
-                    const at::Tensor& inv) {
-  static const auto check_finite = c10::Dispatcher::singleton()
-      .findSchemaOrThrow("torchext::check_finite_", "")
-      .typed<void(at::TensorList, const at::Tensor&)>();
-  static const auto unscale = c10::Dispatcher::singleton()
-      .findSchemaOrThrow("torchext::unscale_", "")
-      .typed<void(at::TensorList, const at::Tensor&, const at::Tensor&)>();
-  if (c.inv_scale) {
-    unscale.call(ts, found, inv);
-  } else {
-    check_finite.call(ts, found);
-  }
-}
-
 template <PlantedBug Bug = PlantedBug::kNone>
 ::testing::AssertionResult check_scan_case(const ScanCase& c, const Shape& shape, BlockOrder order,
                                            bool count = true) {
@@ -935,40 +642,8 @@ template <PlantedBug Bug = PlantedBug::kNone>
   return ::testing::AssertionSuccess();
 }
 
-std::vector<ScanCase> scan_cases(uint64_t seed, int64_t nentries, int64_t max_numel) {
-  std::mt19937_64 rng(seed);
-  std::vector<EntrySpec> entries;
-  for (int64_t i = 0; i < nentries; ++i) entries.push_back(random_entry(rng, max_numel));
-  // One big contiguous float32 tensor of several chunks to plant into.
-  entries.push_back({7 * max_numel + 5, at::kFloat, {1, 0, 0},
-                     {Layout::kContiguous, Layout::kContiguous, Layout::kContiguous}});
-  const size_t big = entries.size() - 1;
-  std::vector<ScanCase> cases;
-  const double inf = std::numeric_limits<double>::infinity();
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  for (std::optional<float> inv : {std::optional<float>{}, std::optional<float>{1.f / 1024},
-                                   std::optional<float>{1.f / 3}, std::optional<float>{1.f}}) {
-    const std::string op = inv ? "unscale_ (inv " + std::to_string(*inv) + ")" : "check_finite_";
-    cases.push_back({op + ", all finite", entries, {}, inv, 0.f, seed});
-    cases.push_back({op + ", found_inf already 1", entries, {}, inv, 1.f, seed});
-    for (int64_t where : {0L, -1L, -2L}) {
-      for (double v : {inf, -inf, nan}) {
-        cases.push_back({op + ", " + std::to_string(v) + " in chunk " + std::to_string(where) +
-                             " of the big tensor",
-                         entries, {{big, where, v}}, inv, 0.f, seed + where + 9});
-      }
-      // ... and in a random other tensor (any dtype or layout)
-      const size_t other = rng() % (entries.size() - 1);
-      cases.push_back({op + ", inf in chunk " + std::to_string(where) + " of tensors[" +
-                           std::to_string(other) + "]",
-                       entries, {{other, where, inf}}, inv, 0.f, seed + 3});
-    }
-  }
-  return cases;
-}
-
 TEST(CudaOnHost, CheckFiniteAndUnscale) {
-  for (const Shape* shape : {&kTiny, &kSmall}) {
+  for (const Shape* shape : kSmallShapes) {
     for (uint64_t seed : {21, 22}) {
       for (const auto& c : scan_cases(seed, 16, 120)) {
         for (BlockOrder o : kOrders) EXPECT_TRUE(check_scan_case(c, *shape, o));
@@ -978,21 +653,41 @@ TEST(CudaOnHost, CheckFiniteAndUnscale) {
 }
 
 TEST(CudaOnHost, CheckFiniteAndUnscaleProductionShape) {
-  const int64_t chunk = torchext::kernels::kChunkSize;
-  std::mt19937_64 rng(5);
-  std::vector<EntrySpec> entries;
-  for (int i = 0; i < 130; ++i) entries.push_back(random_entry(rng, 2000));  // > 110 slots
-  entries.push_back({326 * chunk + 9, at::kHalf, {0, 0, 0},
-                     {Layout::kContiguous, Layout::kContiguous, Layout::kContiguous}});
-  const size_t big = entries.size() - 1;
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  // unscale_ over a list whose last tensor continues into a second launch;
-  // check_finite_ with a NaN in that tensor's last 64K elements (in a later launch).
-  ScanCase unscale{"production, finite", entries, {}, 1.f / 64, 0.f, 6};
-  EXPECT_TRUE(check_scan_case(unscale, kProduction, BlockOrder::kShuffled));
-  ScanCase check{"production, NaN in the last chunk", entries, {{big, -2, nan}}, std::nullopt,
-                 0.f, 6};
-  EXPECT_TRUE(check_scan_case(check, kProduction, BlockOrder::kReverse));
+  // Classic: more than 123 tensors (one launch's slots), and a big tensor
+  // of 64K chunks that continues past 320 blocks.
+  {
+    const int64_t chunk = torchext::kernels::kChunkSize;
+    std::mt19937_64 rng(5);
+    std::vector<EntrySpec> entries;
+    for (int i = 0; i < 130; ++i) entries.push_back(random_entry(rng, 2000));
+    entries.push_back({326 * chunk + 9, at::kHalf, {0, 0, 0},
+                       {Layout::kContiguous, Layout::kContiguous, Layout::kContiguous}});
+    const size_t big = entries.size() - 1;
+    // unscale_ over a list whose last tensor continues into a second launch;
+    // check_finite_ with a NaN in that tensor's last 64K elements (in a later launch).
+    ScanCase unscale{"production, finite", entries, {}, 1.f / 64, 0.f, 6};
+    EXPECT_TRUE(check_scan_case(unscale, kProductionClassic, BlockOrder::kShuffled));
+    ScanCase check{"production, NaN in the last chunk", entries, {{big, -2, nan}},
+                   std::nullopt, 0.f, 6};
+    EXPECT_TRUE(check_scan_case(check, kProductionClassic, BlockOrder::kReverse));
+  }
+  // Large: more than 1022 tensors, and a big tensor of 4K chunks (the list's
+  // mean is small) that continues past 2,048 blocks.
+  {
+    const int64_t chunk = torchext::kernels::kMinChunkSize;
+    std::mt19937_64 rng(6);
+    std::vector<EntrySpec> entries;
+    for (int i = 0; i < 1100; ++i) entries.push_back(random_entry(rng, 300));
+    entries.push_back({2100 * chunk + 9, at::kHalf, {0, 0, 0},
+                       {Layout::kContiguous, Layout::kContiguous, Layout::kContiguous}});
+    const size_t big = entries.size() - 1;
+    ScanCase unscale{"production, finite", entries, {}, 1.f / 64, 0.f, 7};
+    EXPECT_TRUE(check_scan_case(unscale, kProduction, BlockOrder::kShuffled));
+    ScanCase check{"production, NaN in the last chunk", entries, {{big, -2, nan}},
+                   std::nullopt, 0.f, 7};
+    EXPECT_TRUE(check_scan_case(check, kProduction, BlockOrder::kReverse));
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -1041,12 +736,6 @@ TEST(CudaOnHost, UpdateScale) {
 // ---------------------------------------------------------------------------
 // swap_
 
-struct SwapCase {
-  std::string name;
-  std::vector<std::pair<EntrySpec, EntrySpec>> pairs;
-  uint64_t seed = 0;
-};
-
 template <PlantedBug Bug = PlantedBug::kNone>
 ::testing::AssertionResult check_swap_case(const SwapCase& c, const Shape& shape, BlockOrder order) {
   Arena arena;
@@ -1076,132 +765,76 @@ template <PlantedBug Bug = PlantedBug::kNone>
   return ::testing::AssertionSuccess();
 }
 
-SwapCase random_swap_case(uint64_t seed, int64_t npairs, int64_t max_numel) {
-  std::mt19937_64 rng(seed);
-  SwapCase c{"swap seed " + std::to_string(seed), {}, seed};
-  const std::vector<at::ScalarType> dtypes = {at::kByte, at::kHalf, at::kFloat, at::kDouble,
-                                              at::kComplexDouble, at::kShort};
-  for (int64_t i = 0; i < npairs; ++i) {
-    EntrySpec x = random_entry(rng, max_numel, true, dtypes);
-    EntrySpec y = random_entry(rng, max_numel, true, dtypes);
-    y.numel = x.numel;
-    y.dtype = x.dtype;
-    if (rng() % 2) y.layout[0] = x.layout[0];  // mostly laid out alike: the flat path
-    c.pairs.push_back({x, y});
-  }
-  return c;
-}
-
 TEST(CudaOnHost, Swap) {
-  for (const Shape* shape : {&kTiny, &kSmall, &kProduction}) {
+  for (const Shape* shape : kSmallShapes) {
     for (uint64_t seed : {31, 32, 33}) {
-      const SwapCase c = random_swap_case(seed, shape == &kProduction ? 150 : 20, 150);
+      const SwapCase c = random_swap_case(seed, 20, 150);
       for (BlockOrder o : kOrders) EXPECT_TRUE(check_swap_case(c, *shape, o));
     }
+  }
+  // More pairs than one production launch holds: 88 (classic), 730 (large).
+  for (uint64_t seed : {34, 35}) {
+    EXPECT_TRUE(check_swap_case(random_swap_case(seed, 150, 150), kProductionClassic,
+                                kOrders[seed % 3]));
+    EXPECT_TRUE(check_swap_case(random_swap_case(seed, 800, 150), kProduction, kOrders[seed % 3]));
   }
 }
 
 // ---------------------------------------------------------------------------
 // Planted bugs: the same comparisons must fail.
 
+// How many of the tiny-shape cases fail in `shape`'s layout.
 template <PlantedBug Bug>
-int failing_cases(std::string* first) {
+int failing_cases(const Shape& shape, std::string* first) {
   int failures = 0;
   const auto note = [&](const ::testing::AssertionResult& r) {
     if (r) return;
     if (failures++ == 0) *first = r.message();
   };
   for (uint64_t seed = 1; seed <= 12; ++seed) {
-    note(check_asgd_case<Bug>(random_asgd_case(seed * 101 + 1, 14, 150), kTiny,
+    note(check_asgd_case<Bug>(random_asgd_case(seed * 101 + 1, 14, 150), shape,
                               BlockOrder::kForward, /*count=*/false));
   }
   for (const auto& c : scan_cases(21, 16, 120)) {
-    note(check_scan_case<Bug>(c, kTiny, BlockOrder::kForward, /*count=*/false));
+    note(check_scan_case<Bug>(c, shape, BlockOrder::kForward, /*count=*/false));
   }
   return failures;
 }
 
 TEST(CudaOnHostPlantedBugs, ContinuationSkippingAChunkIsCaught) {
-  std::string first;
-  const int n = failing_cases<PlantedBug::kContinuationSkipsChunk>(&first);
-  EXPECT_GT(n, 0) << "a planner that loses a continued tensor's next chunk went unnoticed";
-  std::printf("planted kContinuationSkipsChunk: %d failing cases; first: %s\n", n,
-              first.substr(0, 300).c_str());
+  for (const Shape* shape : {&kTiny, &kTinyClassic}) {
+    std::string first;
+    const int n = failing_cases<PlantedBug::kContinuationSkipsChunk>(*shape, &first);
+    EXPECT_GT(n, 0) << shape->name
+                    << ": a planner that loses a continued tensor's next chunk went unnoticed";
+    std::printf("planted kContinuationSkipsChunk, %s: %d failing cases; first: %s\n",
+                shape->name, n, first.substr(0, 300).c_str());
+  }
+  // The large production shape: the tensor continued past 2,048 blocks.
+  const auto r = check_asgd_case<PlantedBug::kContinuationSkipsChunk>(
+      asgd_continuation_case(), kProduction, BlockOrder::kForward, /*count=*/false);
+  EXPECT_FALSE(r) << "the large layout's continued tensor lost a chunk unnoticed";
+  std::printf("planted kContinuationSkipsChunk, production: %s\n",
+              std::string(r.message()).substr(0, 300).c_str());
 }
 
 TEST(CudaOnHostPlantedBugs, WrongSlotIsCaught) {
-  std::string first;
-  const int n = failing_cases<PlantedBug::kWrongSlot>(&first);
-  EXPECT_GT(n, 0) << "a planner that points a block at the wrong tensor slot went unnoticed";
-  std::printf("planted kWrongSlot: %d failing cases; first: %s\n", n,
-              first.substr(0, 300).c_str());
-}
-
-// ---------------------------------------------------------------------------
-// The same cases through the real CUDA kernels (scripts/gpu_check.sh).
-
-bool have_cuda_kernels() {
-  if (!torch::cuda::is_available()) return false;
-  const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("torchext::asgd_", "");
-  return op.hasKernelForDispatchKey(c10::DispatchKey::CUDA);
-}
-
-TEST(CudaDevice, AsgdMatchesCpuKernelsBitForBit) {
-  if (!have_cuda_kernels()) GTEST_SKIP() << "no CUDA device, or torchext built without CUDA";
-  ASSERT_TRUE(cpu_isa_fuses()) << "the CPU kernels fuse like torch's CUDA kernels only with FMA";
-  for (uint64_t seed = 1; seed <= 20; ++seed) {
-    ASGDCase c = random_asgd_case(seed * 13, 40, 300000);
-    c.state_dtype = at::kFloat;  // float64 state: eta's pow is libdevice's on the GPU
-    c.lr_in_device = false;
-    c.steps = 3;
-    Arena arena;
-    ASGDTensors cpu = make_asgd_tensors(c, arena);
-    ASGDTensors gpu = cpu.to(at::kCUDA);
-    if (c.tensor_lr && seed % 2) gpu.lr = cpu.lr.clone();  // a CPU lr with CUDA params
-    run_reference(c, cpu);
-    for (int s = 0; s < c.steps; ++s) {
-      call_asgd(c, gpu);
-    }
-    EXPECT_TRUE(same_asgd_results(c, gpu.to(at::kCPU), cpu)) << c.describe();
+  for (const Shape* shape : {&kTiny, &kTinyClassic}) {
+    std::string first;
+    const int n = failing_cases<PlantedBug::kWrongSlot>(*shape, &first);
+    EXPECT_GT(n, 0) << shape->name
+                    << ": a planner that points a block at the wrong tensor slot went unnoticed";
+    std::printf("planted kWrongSlot, %s: %d failing cases; first: %s\n", shape->name, n,
+                first.substr(0, 300).c_str());
   }
-}
-
-TEST(CudaDevice, ScanMatchesCpuKernelsBitForBit) {
-  if (!have_cuda_kernels()) GTEST_SKIP() << "no CUDA device, or torchext built without CUDA";
-  for (const auto& c : scan_cases(41, 30, 200000)) {
-    Arena arena;
-    std::vector<at::Tensor> cpu = make_scan_tensors(c, arena, torchext::kernels::kChunkSize);
-    std::vector<at::Tensor> gpu;
-    for (const auto& t : cpu) gpu.push_back(t.to(at::kCUDA));
-    const at::Tensor f_cpu = at::full({}, c.found_inf, at::kFloat), f_gpu = f_cpu.cuda();
-    const at::Tensor inv = at::full({}, c.inv_scale.value_or(1.f), at::kFloat);
-    scan_reference(c, cpu, f_cpu, inv);
-    scan_reference(c, gpu, f_gpu, inv.cuda());
-    EXPECT_TRUE(same_bits(f_gpu, f_cpu, "found_inf")) << c.name;
-    for (size_t i = 0; i < cpu.size(); ++i) EXPECT_TRUE(same_bits(gpu[i], cpu[i], c.name));
-  }
-}
-
-TEST(CudaDevice, SwapMatchesCpuKernels) {
-  if (!have_cuda_kernels()) GTEST_SKIP() << "no CUDA device, or torchext built without CUDA";
-  const SwapCase c = random_swap_case(51, 100, 200000);
-  Arena arena;
-  std::mt19937_64 rng(c.seed);
-  std::vector<at::Tensor> a, b, ga, gb;
-  for (const auto& [x, y] : c.pairs) {
-    a.push_back(arena.make(x.numel, x.dtype, x.offset[0], x.layout[0], rng));
-    b.push_back(arena.make(y.numel, y.dtype, y.offset[0], y.layout[0], rng));
-    ga.push_back(a.back().to(at::kCUDA));
-    gb.push_back(b.back().to(at::kCUDA));
-  }
-  static const auto op = c10::Dispatcher::singleton()
-      .findSchemaOrThrow("torchext::swap_", "")
-      .typed<void(at::TensorList, at::TensorList)>();
-  op.call(a, b);
-  op.call(ga, gb);
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_TRUE(same_bits(ga[i], a[i], "tensors"));
-    EXPECT_TRUE(same_bits(gb[i], b[i], "others"));
+  // The large production shape: launches whose 340 (list state) or 566
+  // (packed) slots are full; slot indices past 255 need the uint16 index.
+  for (const bool packed : {false, true}) {
+    const auto r = check_asgd_case<PlantedBug::kWrongSlot>(
+        asgd_many_tensors_case(packed), kProduction, BlockOrder::kForward, /*count=*/false);
+    EXPECT_FALSE(r) << "a wrong slot in a full large launch went unnoticed";
+    std::printf("planted kWrongSlot, production %s: %s\n", packed ? "packed" : "lists",
+                std::string(r.message()).substr(0, 300).c_str());
   }
 }
 

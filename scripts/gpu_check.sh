@@ -4,20 +4,26 @@
 # ($PYTHON, default python3), builds torchext in place for this GPU's arch
 # only (no venv, nothing downloaded), then runs, each step logged to $OUT:
 #   - the CUDA pytest tests (opcheck on CUDA, sync-debug mode, bit-for-bit
-#     equality with torch.optim.ASGD on the GPU, CUDA graphs, reduce-overhead);
-#     tests that need expecttest skip, saying so, where it is missing;
+#     equality with torch.optim.ASGD on the GPU, CUDA graphs, reduce-overhead;
+#     tests/ops/test_cuda_launch_layouts.py: a step captured in a CUDA graph
+#     in the classic 4 KB and the large 32 KB kernel-parameter layout,
+#     replayed and compared bit for bit with eager, and each layout's launch
+#     count); tests that need expecttest skip, saying so, where it is missing;
 #   - `python -m torchext check --device cuda` (every op against torch, and
 #     the bad-input table: clear errors, nothing written). A crash (a signal,
 #     not an exception) is caught: the same command runs again under
 #     `cuda-gdb -batch -ex run -ex bt` and its backtrace is kept in
 #     $OUT/check_crash_backtrace.log;
-#   - `python -m torchext bench --device cuda --only asgd,amp` (% of the
-#     bandwidth bound per case; JSON in $OUT/bench.json);
+#   - `python -m torchext bench --device cuda --only asgd,amp,gpu_targets`
+#     (% of the bandwidth bound per case; JSON in $OUT/bench.json), then
+#     `--only gpu_targets` again with TORCHEXT_CUDA_GRAPH_LARGE_PARAMS=1 (the
+#     captured step in the large layout; $OUT/bench_graph_large.json);
 #   - compute-sanitizer memcheck over every op on CUDA (`torchext check`),
 #     where the tool exists;
-#   - the ctest suites with the CUDA kernels (cuda_on_host, cuda_on_device:
-#     the real kernels bit for bit against the CPU kernels), where CMake and
-#     GoogleTest exist (GTEST_ROOT may point at an unpacked libgtest-dev);
+#   - the ctest suites with the CUDA kernels (cuda_on_host; cuda_on_device,
+#     cpp_tests/test_cuda_on_device.cpp: the real kernels bit for bit against
+#     the CPU kernels), where CMake and GoogleTest exist (GTEST_ROOT may point
+#     at an unpacked libgtest-dev);
 #     built in the background while the Python steps run;
 #   - with GPU_CHECK_COMPILE=1, also the compiled-training matrix (minutes).
 # It ends with one summary line. Without a GPU it says so and exits 1.
@@ -129,6 +135,9 @@ fi
 
 if [ "${GPU_CHECK_BENCH:-1}" = 1 ]; then
   step bench "$PY" -m torchext bench --device cuda --only asgd,amp,gpu_targets --json "$OUT/bench.json"
+  # Captured launches fall back to the 4 KB layout unless told (csrc/ops/cuda/launch.cuh).
+  step bench_graph_large env TORCHEXT_CUDA_GRAPH_LARGE_PARAMS=1 \
+    "$PY" -m torchext bench --device cuda --only gpu_targets --json "$OUT/bench_graph_large.json"
 else
   skip bench "GPU_CHECK_BENCH=0"
 fi

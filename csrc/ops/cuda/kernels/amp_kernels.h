@@ -1,6 +1,7 @@
 // The AMP ops on an accelerator (check_finite_, unscale_, update_scale_):
 // kernel bodies (C10_HOST_DEVICE) and the host-side plan, a template over
-// the executor like asgd_kernels.h (csrc/ops/cuda/amp_cuda.cu, host_runner.h).
+// the executor like asgd_kernels.h (csrc/ops/cuda/amp_cuda.cu,
+// cpp_tests/host_runner.h).
 #pragma once
 
 #include "../../amp.h"
@@ -22,15 +23,17 @@
 namespace torchext {
 namespace kernels {
 
-using ScanMeta = TensorListMeta<1, 110>;
+// One pointer per tensor; the other arguments are found_inf and inv_scale.
+template <ParamLayout L>
+using ScanMeta = MetaFor<1, L, 2 * sizeof(float*)>;
 
 // inv_scale == nullptr: only check. Otherwise multiply by *inv_scale too
 // (unless it is exactly 1, as torch does). found_inf is set to 1 by any
 // thread that saw an inf or NaN: every writer stores the same value.
-template <typename scalar_t>
+template <typename scalar_t, typename Meta>
 struct ScanBody {
   static constexpr const char* kName = "scan";
-  C10_HOST_DEVICE void operator()(const ThreadCtx& ctx, const ScanMeta& meta, float* found_inf,
+  C10_HOST_DEVICE void operator()(const ThreadCtx& ctx, const Meta& meta, float* found_inf,
                                   const float* inv_scale) const {
     using opmath_t = at::opmath_type<scalar_t>;
     const BlockChunk bc = block_chunk(meta, ctx.block);
@@ -49,7 +52,7 @@ struct ScanBody {
     });
     if (bad) *found_inf = 1.f;
   }
-  static int64_t work(unsigned nblocks, unsigned, const ScanMeta& meta, float*, const float*) {
+  static int64_t work(unsigned nblocks, unsigned, const Meta& meta, float*, const float*) {
     return elements_in_launch(meta, nblocks);
   }
 };
@@ -102,15 +105,18 @@ void scan_launch(at::TensorList tensors, const at::Tensor& found_inf, const floa
     it->second.push_back({{ptr}, numel});
   }
   float* found = found_inf.data_ptr<float>();
-  for (auto& [dtype, entries] : groups) {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "scan_launch", [&] {
-      multi_tensor_apply<ScanMeta>(
-          entries, limits, EmptyTensors::kSkip, [&](const ScanMeta& meta, int nblocks) {
-            exec.template launch<ScanBody<scalar_t>>(static_cast<unsigned>(nblocks),
-                                                     limits.block_size, meta, found, inv_scale);
-          });
-    });
-  }
+  with_param_layout<Exec::kLargeParams>(limits.layout, [&](auto layout) {
+    using Meta = ScanMeta<decltype(layout)::value>;
+    for (auto& [dtype, entries] : groups) {
+      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "scan_launch", [&] {
+        multi_tensor_apply<Meta>(
+            entries, limits, EmptyTensors::kSkip, [&](const Meta& meta, int nblocks) {
+              exec.template launch<ScanBody<scalar_t, Meta>>(
+                  static_cast<unsigned>(nblocks), limits.block_size, meta, found, inv_scale);
+            });
+      });
+    }
+  });
   if (inv_scale != nullptr) {
     for (auto& d : copies) d.write_back();
   }

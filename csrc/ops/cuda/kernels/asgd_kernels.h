@@ -1,12 +1,13 @@
 // torchext::asgd_ on an accelerator: the kernel bodies (C10_HOST_DEVICE) and
 // the host-side plan that launches them through an executor: the CUDA
-// executor (csrc/ops/cuda/asgd_cuda.cu) or the host runner (host_runner.h),
-// which runs the very same launches on the CPU.
+// executor (csrc/ops/cuda/asgd_cuda.cu) or the host runner
+// (cpp_tests/host_runner.h), which runs the very same launches on the CPU.
 //
 // Launches, on one stream, in this order:
 //   1. the elementwise update, one multi-tensor-apply series per dtype: every
-//      block reads its tensor's old eta and mu; the block of chunk 0 also
-//      writes the tensor's (step, eta, mu) pointers into the schedule table;
+//      block reads its tensor's old eta and mu; with a schedule table (list
+//      state, or packed state where some entry does not step), the block of
+//      chunk 0 also writes the tensor's (step, eta, mu) pointers into it;
 //   2. the schedule (step += 1, then eta and mu from the new step), one
 //      launch for any number of tensors: over the table, or, for packed state
 //      where every entry steps, over the three packed arrays directly.
@@ -33,32 +34,52 @@ namespace kernels {
 // Pointer slots of the elementwise launch: p and ax are walked and stored, g
 // is walked; eta, mu and step are per-tensor.
 enum ASGDSlot { kP = 0, kAx = 1, kG = 2, kEta = 3, kMu = 4, kStep = 5 };
-using ASGDMeta = TensorListMeta<6, 36>;
 
 struct ASGDKernelArgs {
   const float* found_inf;   // nullptr: never skip
   const float* grad_scale;  // nullptr: grads are not scaled
   void** schedule_table;    // nullptr: no table (packed state, every entry steps)
+  const void* packed_etas;  // packed state without a table: eta and mu of
+  const void* packed_mus;   //   entry i are element tag[slot] of these arrays
   double lambd;
   double weight_decay;
   bool maximize;
   bool state_is_double;
 };
-static_assert(sizeof(ASGDMeta) + sizeof(ASGDKernelArgs) <= kMaxKernelArgBytes,
-              "asgd_ kernel arguments too large");
 
-template <typename scalar_t>
+// The elementwise launch's metadata. List state (or a table): 6 pointers
+// per tensor, tag = its schedule-table row. Packed state where every entry
+// steps: p, ax and g only, tag = the entry's index in the packed arrays, so
+// that a launch holds more tensors (566 against 340 in the large layout).
+template <ParamLayout L>
+using ASGDListMeta = MetaFor<6, L, sizeof(ASGDKernelArgs)>;
+template <ParamLayout L>
+using ASGDPackedMeta = MetaFor<3, L, sizeof(ASGDKernelArgs)>;
+
+template <typename scalar_t, typename Meta>
 struct ASGDElementwise {
   static constexpr const char* kName = "asgd_ update";
-  C10_HOST_DEVICE void operator()(const ThreadCtx& ctx, const ASGDMeta& meta,
+  static constexpr bool kPacked = Meta::kDepth == 3;
+  C10_HOST_DEVICE void operator()(const ThreadCtx& ctx, const Meta& meta,
                                   const ASGDKernelArgs& args) const {
     if (args.found_inf != nullptr && *args.found_inf != 0.f) return;
     const BlockChunk bc = block_chunk(meta, ctx.block);
-    if (bc.first && ctx.thread == 0 && args.schedule_table != nullptr) {
-      void** row = args.schedule_table + 3 * static_cast<int64_t>(meta.tag[bc.slot]);
-      row[0] = meta.ptrs[kStep][bc.slot];
-      row[1] = meta.ptrs[kEta][bc.slot];
-      row[2] = meta.ptrs[kMu][bc.slot];
+    const void* eta_p;
+    const void* mu_p;
+    if constexpr (kPacked) {
+      const int64_t off =
+          static_cast<int64_t>(meta.tag[bc.slot]) * (args.state_is_double ? 8 : 4);
+      eta_p = static_cast<const char*>(args.packed_etas) + off;
+      mu_p = static_cast<const char*>(args.packed_mus) + off;
+    } else {
+      if (bc.first && ctx.thread == 0 && args.schedule_table != nullptr) {
+        void** row = args.schedule_table + 3 * static_cast<int64_t>(meta.tag[bc.slot]);
+        row[0] = meta.ptrs[kStep][bc.slot];
+        row[1] = meta.ptrs[kEta][bc.slot];
+        row[2] = meta.ptrs[kMu][bc.slot];
+      }
+      eta_p = meta.ptrs[kEta][bc.slot];
+      mu_p = meta.ptrs[kMu][bc.slot];
     }
     if (bc.n <= 0) return;
     using opmath_t = at::opmath_type<scalar_t>;
@@ -67,9 +88,8 @@ struct ASGDElementwise {
     const float inv_scale =
         unscale ? static_cast<float>(1.0 / static_cast<double>(*args.grad_scale)) : 1.f;
     const auto c = math::make_asgd_coeffs<opmath_t>(
-        load_scalar(meta.ptrs[kEta][bc.slot], args.state_is_double),
-        load_scalar(meta.ptrs[kMu][bc.slot], args.state_is_double), args.lambd,
-        args.weight_decay, args.maximize, unscale, inv_scale);
+        load_scalar(eta_p, args.state_is_double), load_scalar(mu_p, args.state_is_double),
+        args.lambd, args.weight_decay, args.maximize, unscale, inv_scale);
     scalar_t* const ptrs[3] = {static_cast<scalar_t*>(meta.ptrs[kP][bc.slot]) + bc.begin,
                                static_cast<scalar_t*>(meta.ptrs[kAx][bc.slot]) + bc.begin,
                                static_cast<scalar_t*>(meta.ptrs[kG][bc.slot]) + bc.begin};
@@ -84,7 +104,7 @@ struct ASGDElementwise {
       }
     });
   }
-  static int64_t work(unsigned nblocks, unsigned, const ASGDMeta& meta, const ASGDKernelArgs&) {
+  static int64_t work(unsigned nblocks, unsigned, const Meta& meta, const ASGDKernelArgs&) {
     return elements_in_launch(meta, nblocks);
   }
 };
@@ -215,25 +235,42 @@ void asgd_launch(const ASGDArgs& a, Exec& exec) {
   });
   if (nsteps == 0) return;
 
-  // Packed state where every entry steps: the schedule walks the arrays.
-  // Otherwise it walks the table rows the elementwise blocks write (each
-  // entry then gets a block even when it has no elements).
+  // Packed state where every entry steps: the elementwise blocks read eta
+  // and mu from the packed arrays (every entry's row is then its index: the
+  // entries were read in order and none was skipped), and the schedule walks
+  // the arrays. Otherwise the schedule walks the table rows the elementwise
+  // blocks write (each entry then gets a block even when it has no elements).
   const bool packed_direct = a.packed() && static_cast<size_t>(nsteps) == n;
   at::Tensor table;
-  if (!packed_direct) {
+  if (packed_direct) {
+    kargs.packed_etas = a.eta_ptr(0);
+    kargs.packed_mus = a.mu_ptr(0);
+  } else {
     table = exec.pointer_table(3 * static_cast<int64_t>(nsteps));
     kargs.schedule_table = static_cast<void**>(table.data_ptr());
   }
   const EmptyTensors empty = packed_direct ? EmptyTensors::kSkip : EmptyTensors::kOneBlock;
-  for (auto& [dtype, entries] : groups) {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "asgd_launch", [&] {
-      multi_tensor_apply<ASGDMeta>(
-          entries, limits, empty, [&](const ASGDMeta& meta, int nblocks) {
-            exec.template launch<ASGDElementwise<scalar_t>>(static_cast<unsigned>(nblocks),
+  const auto series = [&](auto meta_tag, auto scalar_tag, const auto& entries) {
+    using Meta = typename decltype(meta_tag)::type;
+    using scalar_t = typename decltype(scalar_tag)::type;
+    multi_tensor_apply<Meta>(entries, limits, empty, [&](const Meta& meta, int nblocks) {
+      exec.template launch<ASGDElementwise<scalar_t, Meta>>(static_cast<unsigned>(nblocks),
                                                             limits.block_size, meta, kargs);
-          });
     });
-  }
+  };
+  with_param_layout<Exec::kLargeParams>(limits.layout, [&](auto layout) {
+    constexpr ParamLayout L = decltype(layout)::value;
+    for (auto& [dtype, entries] : groups) {
+      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "asgd_launch", [&] {
+        const TypeTag<scalar_t> scalar_tag{};
+        if (packed_direct) {
+          series(TypeTag<ASGDPackedMeta<L>>{}, scalar_tag, entries);
+        } else {
+          series(TypeTag<ASGDListMeta<L>>{}, scalar_tag, entries);
+        }
+      });
+    }
+  });
   for (auto& d : copies) d.write_back();
 
   ScheduleArgs sargs{};

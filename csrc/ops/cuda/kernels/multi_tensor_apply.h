@@ -6,7 +6,7 @@
 // a ThreadCtx (block, thread, threads per block) and the launch's arguments.
 // The CUDA kernels (csrc/ops/cuda/launch.cuh) are one generic __global__ wrapper
 // that calls it with blockIdx.x / threadIdx.x / blockDim.x; the host runner
-// (host_runner.h) calls it for every block and thread of the same launches on
+// (cpp_tests/host_runner.h) calls it for every block and thread of the same launches on
 // the CPU. The host-side launch code of each op family (asgd_kernels.h, amp_kernels.h,
 // swap_kernels.h) is a template over the executor, so both run the same plan.
 #pragma once
@@ -16,7 +16,9 @@
 
 #include <algorithm>
 #include <array>
+#include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #if defined(__CUDACC__)
@@ -29,17 +31,45 @@ namespace torchext {
 namespace kernels {
 
 // The production launch shape: torch's multi-tensor apply's, except that
-// lists whose tensors hold at most 256K elements on average get smaller chunks
-// (auto_chunk_size).
+// lists of tensors of at most 256K elements on average get smaller chunks
+// (auto_chunk_size), and that eager launches carry up to 32 KB of metadata
+// (ParamLayout).
 constexpr int64_t kChunkSize = 65536;    // elements per block, at most
 constexpr int64_t kMinChunkSize = 4096;  // elements per block, at least (auto)
 constexpr int kChunksPerTensor = 8;      // what auto_chunk_size aims for
 constexpr unsigned kBlockSize = 512;     // threads per block
 constexpr int kILP = 4;                  // elements per thread per iteration
-constexpr int kMaxBlocks = 320;          // blocks per launch
-// Kernel parameters are limited to 4 KB (before CUDA 12.1 / Volta); every
-// launch's arguments are checked against it at compile time.
-constexpr size_t kMaxKernelArgBytes = 4096;
+
+// How many bytes of kernel parameters a launch passes, and so how many
+// tensors and blocks its metadata holds.
+//   kClassic: 4,096 bytes, what every CUDA version and GPU accepts: 320
+//     blocks per launch (torch's figure) and a uint8 block-to-slot index.
+//   kLarge: 32,764 bytes, what CUDA 12.1 and newer accept on Volta and newer
+//     (NVIDIA's "CUDA 12.1 Supports Large Kernel Parameters"): 2,048 blocks
+//     per launch and a uint16 index. A uint8 index would cap a launch at 256
+//     tensors: 1000 x 1K asgd_ would then take 4 update launches, not 2.
+// The CUDA executor (launch.cuh) picks kLarge for eager launches in CUDA 13
+// builds and kClassic while the stream captures a CUDA graph; the host
+// runner runs both.
+enum class ParamLayout : uint8_t { kClassic, kLarge };
+
+constexpr size_t param_budget(ParamLayout layout) {
+  return layout == ParamLayout::kLarge ? 32764 : 4096;
+}
+constexpr int max_blocks(ParamLayout layout) {
+  return layout == ParamLayout::kLarge ? 2048 : 320;
+}
+
+constexpr size_t round_up(size_t n, size_t align) { return (n + align - 1) / align * align; }
+
+// The bytes a kernel's parameters take, laid out one after the other as
+// their alignment asks.
+template <typename... Args>
+constexpr size_t kernel_param_bytes() {
+  size_t n = 0;
+  ((n = round_up(n, alignof(Args)) + sizeof(Args)), ...);
+  return n;
+}
 
 struct ThreadCtx {
   unsigned block;     // blockIdx.x
@@ -47,33 +77,83 @@ struct ThreadCtx {
   unsigned nthreads;  // blockDim.x
 };
 
-// How the planner cuts lists into launches. The CUDA kernels always use the
-// defaults; the host runner's tests also use small values, so that a handful
+// How the planner cuts lists into launches. The CUDA executor sets only the
+// layout; the host runner's tests also use small values, so that a handful
 // of small tensors already continue across launches.
 struct LaunchLimits {
   int64_t chunk_size = 0;  // a positive multiple of kILP, or 0: auto_chunk_size
-  int max_blocks = kMaxBlocks;      // at most kMaxBlocks
-  int max_tensors = 0;              // 0: as many as the metadata holds
+  int max_blocks = 0;      // 0: as many as the metadata holds
+  int max_tensors = 0;     // 0: as many as the metadata holds
   unsigned block_size = kBlockSize;
+  ParamLayout layout = ParamLayout::kLarge;
 };
 
 // Which tensors a launch covers (slots) and which chunk each block works on.
 // ptrs[k][slot]: the k-th pointer of a slot's tensor; tag[slot]: a per-tensor
 // integer the op defines (asgd_: its row in the schedule table).
-template <int Depth, int MaxTensors>
+template <int Depth, int MaxTensors, int MaxBlocks>
 struct TensorListMeta {
+  static_assert(MaxTensors >= 1 && MaxTensors <= 65536 && MaxBlocks >= 1, "bad metadata shape");
+  using slot_t = std::conditional_t<(MaxTensors <= 256), uint8_t, uint16_t>;
   static constexpr int kDepth = Depth;
   static constexpr int kMaxTensors = MaxTensors;
+  static constexpr int kMaxBlocks = MaxBlocks;
   void* ptrs[Depth][MaxTensors];
   int64_t numel[MaxTensors];
   int32_t tag[MaxTensors];
   int64_t chunk_size;
-  uint8_t block_tensor[kMaxBlocks];  // the slot a block works on
-  int32_t block_chunk[kMaxBlocks];   // which chunk of that tensor
+  slot_t block_tensor[MaxBlocks];   // the slot a block works on
+  int32_t block_chunk[MaxBlocks];   // which chunk of that tensor
 };
-static_assert(sizeof(TensorListMeta<1, 110>) + 64 <= kMaxKernelArgBytes, "launch metadata too large");
-static_assert(sizeof(TensorListMeta<2, 64>) + 64 <= kMaxKernelArgBytes, "launch metadata too large");
-static_assert(sizeof(TensorListMeta<6, 36>) + 128 <= kMaxKernelArgBytes, "launch metadata too large");
+
+// sizeof(TensorListMeta<depth, tensors, blocks>), as a constexpr function.
+constexpr size_t meta_bytes(int depth, int tensors, int blocks) {
+  const size_t slot = tensors <= 256 ? 1 : 2;
+  size_t n = round_up((8 * static_cast<size_t>(depth) + 8 + 4) * tensors, 8) + 8;
+  n = round_up(n + slot * blocks, 4) + 4 * static_cast<size_t>(blocks);
+  return round_up(n, 8);
+}
+static_assert(meta_bytes(6, 340, 2048) == sizeof(TensorListMeta<6, 340, 2048>));
+static_assert(meta_bytes(1, 123, 320) == sizeof(TensorListMeta<1, 123, 320>));
+static_assert(meta_bytes(2, 257, 7) == sizeof(TensorListMeta<2, 257, 7>));
+
+// The most tensors a launch in `layout` holds next to `other_bytes` of other
+// kernel arguments (which come after the metadata).
+constexpr int max_tensors(int depth, ParamLayout layout, size_t other_bytes) {
+  int tensors = 1;
+  while (meta_bytes(depth, tensors + 1, max_blocks(layout)) + other_bytes <=
+         param_budget(layout)) {
+    ++tensors;
+  }
+  return tensors;
+}
+
+// The metadata of a launch with `Depth` pointers per tensor, in `Layout`,
+// followed by kernel arguments of `OtherArgBytes` bytes: as many tensors and
+// blocks as the parameters allow.
+template <int Depth, ParamLayout Layout, size_t OtherArgBytes>
+using MetaFor =
+    TensorListMeta<Depth, max_tensors(Depth, Layout, OtherArgBytes), max_blocks(Layout)>;
+
+// A type passed as a value (to generic lambdas).
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls fn(std::integral_constant<ParamLayout, L>{}) for `layout`. An
+// executor that cannot launch the large layout (AllowLarge false) never
+// instantiates it.
+template <bool AllowLarge = true, typename Fn>
+void with_param_layout(ParamLayout layout, const Fn& fn) {
+  if constexpr (AllowLarge) {
+    if (layout == ParamLayout::kLarge) {
+      return fn(std::integral_constant<ParamLayout, ParamLayout::kLarge>{});
+    }
+  }
+  TORCH_CHECK(layout == ParamLayout::kClassic, "multi_tensor_apply: large layout not compiled");
+  fn(std::integral_constant<ParamLayout, ParamLayout::kClassic>{});
+}
 
 // One tensor to process: Depth pointers (which of them a body walks is its
 // own business) and the number of elements.
@@ -86,14 +166,13 @@ struct TensorEntry {
 
 // The chunk size for a list of `count` tensors holding `total` elements: the
 // power of two from kMinChunkSize to kChunkSize that cuts the mean tensor
-// into about kChunksPerTensor chunks. Why: a launch holds at most
-// Meta::kMaxTensors tensors (36 for asgd_), and one 512-thread block keeps
-// too few loads in flight to draw more than a small share of one SM's
-// bandwidth. With one 64K chunk per tensor, a list of 50K-element tensors
-// gets 36 blocks per launch, a quarter of an H200's SMs, and ran at 11-21 %
-// of the memory bound; cut in 8K chunks, the same launch has 252 blocks.
-// Lists whose mean tensor holds more than 256K elements (8 x 32K) keep
-// torch's 64K chunks.
+// into about kChunksPerTensor chunks. Why: one 512-thread block keeps too
+// few loads in flight to draw more than a small share of one SM's bandwidth.
+// With one 64K chunk per tensor, a list of 50K-element tensors got 36 blocks
+// per launch in the classic layout (36 asgd_ tensors), a quarter of an
+// H200's SMs, and ran at 11-21 % of the memory bound; cut in 8K chunks, the
+// same tensors make 7 blocks each. Lists whose tensors hold more than 256K
+// elements on average keep torch's 64K chunks.
 inline int64_t auto_chunk_size(int64_t total, int64_t count) {
   const int64_t mean = count > 0 ? total / count : 0;
   int64_t chunk = kMinChunkSize;
@@ -109,10 +188,14 @@ enum class EmptyTensors { kSkip, kOneBlock };
 // full when its blocks are, or when its tensor slots are and the last
 // tensor's last chunk is in; a tensor whose chunks do not all fit continues
 // in the next launch as slot 0, with its chunk numbers going on.
-template <typename Meta, typename Launch>
-void multi_tensor_apply(const std::vector<TensorEntry<Meta::kDepth>>& entries,
+// Entries may carry more pointers than the metadata (EntryDepth > Depth):
+// the first Depth go in.
+template <typename Meta, int EntryDepth, typename Launch>
+void multi_tensor_apply(const std::vector<TensorEntry<EntryDepth>>& entries,
                         const LaunchLimits& limits, EmptyTensors empty, Launch&& launch) {
   constexpr int Depth = Meta::kDepth;
+  static_assert(EntryDepth >= Depth, "entries carry fewer pointers than the metadata");
+  using slot_t = typename Meta::slot_t;
   int64_t chunk_size = limits.chunk_size;
   if (chunk_size == 0) {
     int64_t total = 0;
@@ -121,7 +204,8 @@ void multi_tensor_apply(const std::vector<TensorEntry<Meta::kDepth>>& entries,
   }
   TORCH_CHECK(chunk_size > 0 && chunk_size % kILP == 0,
               "multi_tensor_apply: chunk size must be a positive multiple of ", kILP);
-  const int max_blocks = std::clamp(limits.max_blocks, 1, kMaxBlocks);
+  const int max_blocks = limits.max_blocks > 0 ? std::min(limits.max_blocks, Meta::kMaxBlocks)
+                                               : Meta::kMaxBlocks;
   const int max_tensors = limits.max_tensors > 0 ? std::min(limits.max_tensors, Meta::kMaxTensors)
                                                  : Meta::kMaxTensors;
   Meta meta;
@@ -138,7 +222,7 @@ void multi_tensor_apply(const std::vector<TensorEntry<Meta::kDepth>>& entries,
         std::max<int64_t>(1, (entry.numel + chunk_size - 1) / chunk_size);
     TORCH_CHECK(nchunks - 1 <= INT32_MAX, "multi_tensor_apply: tensor too large");
     for (int64_t chunk = 0; chunk < nchunks; ++chunk) {
-      meta.block_tensor[nblocks] = static_cast<uint8_t>(ntensors - 1);
+      meta.block_tensor[nblocks] = static_cast<slot_t>(ntensors - 1);
       meta.block_chunk[nblocks] = static_cast<int32_t>(chunk);
       ++nblocks;
       const bool last_chunk = chunk == nchunks - 1;

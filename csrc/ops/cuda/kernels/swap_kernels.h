@@ -1,6 +1,6 @@
 // swap_ on an accelerator: kernel bodies (C10_HOST_DEVICE) and the host-side
 // plan, a template over the executor like asgd_kernels.h (csrc/ops/cuda/swap_cuda.cu,
-// host_runner.h). Elements are moved as raw words of their size, so every
+// cpp_tests/host_runner.h). Elements are moved as raw words of their size, so every
 // dtype (complex included) is swapped bit for bit; no scratch memory.
 #pragma once
 
@@ -24,13 +24,15 @@ struct alignas(16) Word16 {
   uint64_t lo, hi;
 };
 
-using SwapMeta = TensorListMeta<2, 64>;
+// Two pointers per tensor, no other argument.
+template <ParamLayout L>
+using SwapMeta = MetaFor<2, L, 0>;
 
 // Pairs laid out alike: both walked as flat buffers.
-template <typename word_t>
+template <typename word_t, typename Meta>
 struct SwapFlatBody {
   static constexpr const char* kName = "swap (flat)";
-  C10_HOST_DEVICE void operator()(const ThreadCtx& ctx, const SwapMeta& meta) const {
+  C10_HOST_DEVICE void operator()(const ThreadCtx& ctx, const Meta& meta) const {
     const BlockChunk bc = block_chunk(meta, ctx.block);
     if (bc.n <= 0) return;
     word_t* const ptrs[2] = {static_cast<word_t*>(meta.ptrs[0][bc.slot]) + bc.begin,
@@ -44,7 +46,7 @@ struct SwapFlatBody {
       }
     });
   }
-  static int64_t work(unsigned nblocks, unsigned, const SwapMeta& meta) {
+  static int64_t work(unsigned nblocks, unsigned, const Meta& meta) {
     return elements_in_launch(meta, nblocks);
   }
 };
@@ -124,16 +126,19 @@ void swap_launch(at::TensorList tensors, at::TensorList others, Exec& exec) {
     }
     it->second.push_back({{a.data_ptr(), b.data_ptr()}, a.numel()});
   }
-  for (auto& [size, entries] : by_size) {
-    with_word_type(size, [&](auto word) {
-      using word_t = decltype(word);
-      multi_tensor_apply<SwapMeta>(
-          entries, limits, EmptyTensors::kSkip, [&](const SwapMeta& meta, int nblocks) {
-            exec.template launch<SwapFlatBody<word_t>>(static_cast<unsigned>(nblocks),
-                                                       limits.block_size, meta);
-          });
-    });
-  }
+  with_param_layout<Exec::kLargeParams>(limits.layout, [&](auto layout) {
+    using Meta = SwapMeta<decltype(layout)::value>;
+    for (auto& [size, entries] : by_size) {
+      with_word_type(size, [&](auto word) {
+        using word_t = decltype(word);
+        multi_tensor_apply<Meta>(
+            entries, limits, EmptyTensors::kSkip, [&](const Meta& meta, int nblocks) {
+              exec.template launch<SwapFlatBody<word_t, Meta>>(static_cast<unsigned>(nblocks),
+                                                               limits.block_size, meta);
+            });
+      });
+    }
+  });
 }
 
 }  // namespace kernels

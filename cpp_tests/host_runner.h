@@ -1,19 +1,21 @@
 // The host runner: an executor for the launch plans of asgd_kernels.h, amp_kernels.h and
-// swap_kernels.h that runs every launch on the CPU, calling the kernel body for
+// swap_kernels.h (csrc/ops/cuda/kernels/) that runs every launch on the CPU, calling the kernel body for
 // every block and every thread the launch has, with host memory standing in
 // for device memory. It needs no CUDA toolkit. CUDA guarantees no order
 // among blocks (nor among the threads of a block), so the runner takes one:
-// forward, reverse, or shuffled. The tests (cpp_tests/test_cuda_on_host.cpp)
-// compare its results bit for bit with the CPU kernels.
+// forward, reverse, or shuffled. The tests (test_cuda_on_host.cpp) compare
+// its results bit for bit with the CPU kernels. It lives with its tests: no
+// shipped file needs it.
 //
 // What it proves: the planner (batching, continuation, slots, tags), the
 // entry building and dtype grouping, every body's indexing, vector/scalar
-// paths, loads and stores, dtype dispatch, and the launch sequence. What it
-// cannot: the device memory model and races, streams, graph capture,
+// paths, loads and stores, dtype dispatch, the launch sequence, and that
+// every launch's parameters fit the layout's budget (4 KB for the classic
+// layout the CUDA executor uses under graph capture). What it cannot: the device memory model and races, streams, graph capture,
 // occupancy and speed, and device math libraries (pow in the schedule).
 #pragma once
 
-#include "multi_tensor_apply.h"
+#include "../csrc/ops/cuda/kernels/multi_tensor_apply.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -50,7 +52,7 @@ template <PlantedBug Bug = PlantedBug::kNone>
 class HostRunner {
  public:
   struct Options {
-    LaunchLimits limits{};
+    LaunchLimits limits{};  // limits.layout: the parameter layout the plans use
     BlockOrder order = BlockOrder::kForward;
     uint64_t seed = 0;
     // Treat a CPU lr tensor as device memory (the schedule kernel then loads
@@ -62,6 +64,7 @@ class HostRunner {
   explicit HostRunner(const Options& o) : opt_(o), rng_(o.seed) {}
 
   // ---- the executor interface (see CudaExecutor) ----
+  static constexpr bool kLargeParams = true;
   void enter(const c10::Device&) {}
   const LaunchLimits& limits() const { return opt_.limits; }
   bool kernel_reads(const at::Tensor& t) const {
@@ -77,8 +80,12 @@ class HostRunner {
   }
   template <typename Body, typename... Args>
   void launch(unsigned blocks, unsigned threads, const Args&... args) {
-    static_assert(sizeof(std::tuple<Args...>) <= kMaxKernelArgBytes, "kernel arguments too large");
-    // What CUDA would refuse at launch.
+    static_assert(kernel_param_bytes<Args...>() <= param_budget(ParamLayout::kLarge),
+                  "kernel arguments too large");
+    // What CUDA would refuse at launch, or what the layout does not allow.
+    TORCH_CHECK(kernel_param_bytes<Args...>() <= param_budget(opt_.limits.layout), "host runner: ",
+                Body::kName, " passes ", kernel_param_bytes<Args...>(),
+                " bytes of parameters, over its layout's ", param_budget(opt_.limits.layout));
     TORCH_CHECK(blocks >= 1 && blocks <= INT32_MAX, "host runner: ", Body::kName,
                 " launched with ", blocks, " blocks");
     TORCH_CHECK(threads >= 1 && threads <= 1024, "host runner: ", Body::kName,
@@ -124,8 +131,8 @@ class HostRunner {
   // ---- planted bugs ----
   template <typename T>
   void plant(T&, unsigned&) const {}
-  template <int Depth, int MaxTensors>
-  void plant(TensorListMeta<Depth, MaxTensors>& meta, unsigned& nblocks) const {
+  template <int Depth, int MaxTensors, int MaxBlocks>
+  void plant(TensorListMeta<Depth, MaxTensors, MaxBlocks>& meta, unsigned& nblocks) const {
     if constexpr (Bug == PlantedBug::kWrongSlot) {
       // The planner's slot limit for this metadata (multi_tensor_apply).
       const int max_tensors = opt_.limits.max_tensors > 0
@@ -133,7 +140,10 @@ class HostRunner {
                                   : MaxTensors;
       if (max_tensors < 2) return;
       for (unsigned b = 0; b < nblocks; ++b) {
-        if (meta.block_tensor[b] == max_tensors - 1) meta.block_tensor[b] = max_tensors - 2;
+        if (meta.block_tensor[b] == max_tensors - 1) {
+          using slot_t = typename TensorListMeta<Depth, MaxTensors, MaxBlocks>::slot_t;
+          meta.block_tensor[b] = static_cast<slot_t>(max_tensors - 2);
+        }
       }
     } else if constexpr (Bug == PlantedBug::kContinuationSkipsChunk) {
       if (nblocks == 0 || meta.block_chunk[0] == 0) return;  // not a continuation

@@ -1,0 +1,536 @@
+// The cases and comparisons the CUDA kernel tests share: cuda_on_host
+// (test_cuda_on_host.cpp: the launch plans run on the CPU by the host runner)
+// and cuda_on_device (test_cuda_on_device.cpp: the real CUDA kernels). Each
+// case is compared bit for bit with torchext's CPU kernels, called through
+// the dispatcher on copies of the same inputs. Each test executable includes
+// this header once.
+#pragma once
+
+#include "../csrc/ops/asgd_args.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <torchext/torchext.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Tensors as slices of their own buffers, with guard bands around them and,
+// for strided layouts, gaps inside: after a run, nothing outside the tensor
+// may have changed.
+
+// t's elements as a 1-D tensor of stride 1. (contiguous() may keep a size-1
+// dimension's stride, which view(dtype) then refuses.)
+at::Tensor dense_copy(const at::Tensor& t) {
+  return t.flatten().clone(at::MemoryFormat::Contiguous);
+}
+
+enum class Layout { kContiguous, kTransposed, kStrided };
+
+class Arena {
+ public:
+  // A tensor of `numel` elements, shape {numel / 3, 3} when 3 divides it and
+  // {numel} otherwise, whatever the layout (so that p, g and ax of one entry
+  // match), starting `offset` elements past an aligned address (offset 1..3
+  // makes a slice that is not vector-aligned).
+  at::Tensor make(int64_t numel, at::ScalarType dtype, int64_t offset, Layout layout,
+                  std::mt19937_64& rng) {
+    constexpr int64_t kPad = 64;  // elements; 64 * element size is a multiple of 64 bytes
+    const int64_t span = layout == Layout::kStrided ? 2 * numel : numel;
+    const int64_t total = kPad + offset + span + kPad;
+    at::Tensor buf = random_values({total}, dtype, rng);
+    at::Tensor slice = buf.narrow(0, kPad + offset, span);
+    const bool two_d = numel > 0 && numel % 3 == 0;
+    const std::vector<int64_t> shape =
+        two_d ? std::vector<int64_t>{numel / 3, 3} : std::vector<int64_t>{numel};
+    at::Tensor t;
+    switch (layout) {
+      case Layout::kContiguous:
+        t = slice.view(shape);
+        break;
+      case Layout::kTransposed:  // dense, not contiguous (1-D: contiguous)
+        t = two_d ? slice.view({3, numel / 3}).t() : slice;
+        break;
+      case Layout::kStrided:  // not dense: every other element
+        t = two_d ? slice.as_strided(shape, {6, 2}) : slice.as_strided(shape, {2});
+        break;
+    }
+    // What must not change: the pads, and for the strided layout the
+    // elements between the tensor's.
+    Slab slab{buf, {}};
+    slab.guards.push_back(buf.narrow(0, 0, kPad + offset));
+    slab.guards.push_back(buf.narrow(0, kPad + offset + span, kPad));
+    if (layout == Layout::kStrided && numel > 0) {
+      slab.guards.push_back(slice.as_strided({numel}, {2}, slice.storage_offset() + 1));
+    }
+    for (const auto& g : slab.guards) slab.before.push_back(g.clone());
+    slabs_.push_back(std::move(slab));
+    return t;
+  }
+
+  // Every element outside the tensors, bit for bit as before.
+  ::testing::AssertionResult guards_intact() const {
+    for (size_t i = 0; i < slabs_.size(); ++i) {
+      const auto& s = slabs_[i];
+      for (size_t k = 0; k < s.guards.size(); ++k) {
+        if (!as_bytes(s.guards[k]).equal(as_bytes(s.before[k]))) {
+          return ::testing::AssertionFailure() << "buffer " << i << " (" << s.buf.scalar_type()
+                                               << ") changed outside its tensor";
+        }
+      }
+    }
+    return ::testing::AssertionSuccess();
+  }
+
+  static at::Tensor random_values(at::IntArrayRef shape, at::ScalarType dtype,
+                                  std::mt19937_64& rng) {
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(rng());
+    if (at::isComplexType(dtype)) {
+      return at::randn(shape, gen, at::TensorOptions().dtype(dtype));
+    }
+    if (dtype == at::kDouble) return at::randn(shape, gen, at::TensorOptions().dtype(dtype));
+    if (at::isFloatingType(dtype)) {
+      return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat)).to(dtype);
+    }
+    return at::randint(0, 120, shape, gen, at::TensorOptions().dtype(dtype));
+  }
+
+  static at::Tensor as_bytes(const at::Tensor& t) {
+    const at::Tensor r = t.is_complex() ? at::view_as_real(t) : t;
+    return dense_copy(r).view(at::kByte);
+  }
+
+ private:
+  struct Slab {
+    at::Tensor buf;
+    std::vector<at::Tensor> guards, before;
+  };
+  std::vector<Slab> slabs_;
+};
+
+// got and want bit for bit (any NaN equals any NaN: CPU and GPU NaN payloads
+// need not agree).
+::testing::AssertionResult same_bits(const at::Tensor& got, const at::Tensor& want,
+                                     const std::string& what) {
+  if (got.sizes() != want.sizes() || got.scalar_type() != want.scalar_type()) {
+    return ::testing::AssertionFailure() << what << ": shape/dtype " << got.sizes() << " "
+                                         << got.scalar_type() << " vs " << want.sizes() << " "
+                                         << want.scalar_type();
+  }
+  at::Tensor g = got.cpu(), w = want.cpu();
+  if (g.is_complex()) {
+    g = at::view_as_real(g.resolve_conj());
+    w = at::view_as_real(w.resolve_conj());
+  }
+  g = dense_copy(g);
+  w = dense_copy(w);
+  const auto size = g.element_size();
+  const at::ScalarType bits = size == 1 ? at::kByte : size == 2 ? at::kShort
+                              : size == 4 ? at::kInt : at::kLong;
+  at::Tensor same = g.view(bits).eq(w.view(bits));
+  if (at::isFloatingType(g.scalar_type())) same = same | (g.isnan() & w.isnan());
+  if (same.all().item<bool>()) return ::testing::AssertionSuccess();
+  const at::Tensor bad = (~same).nonzero().flatten();
+  const int64_t i = bad[0].item<int64_t>();
+  return ::testing::AssertionFailure()
+         << what << ": " << bad.numel() << " of " << g.numel() << " elements differ; first at "
+         << i << ": got " << g[i].item<double>() << ", want " << w[i].item<double>();
+}
+
+std::vector<at::Tensor> clones(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> out;
+  for (const auto& t : ts) out.push_back(t.defined() ? t.clone() : t);
+  return out;
+}
+
+const at::ScalarType kParamDtypes[] = {at::kFloat, at::kDouble, at::kHalf,
+                                       at::kBFloat16, at::kComplexFloat, at::kComplexDouble};
+
+
+// ---------------------------------------------------------------------------
+// asgd_
+
+struct EntrySpec {
+  int64_t numel;
+  at::ScalarType dtype;
+  int64_t offset[3];  // p, g, ax
+  Layout layout[3];
+};
+
+struct ASGDCase {
+  std::string name;
+  std::vector<EntrySpec> entries;
+  bool packed = false;
+  at::ScalarType state_dtype = at::kFloat;
+  bool tensor_lr = true;
+  bool lr_in_device = false;  // runner: load the lr tensor through its pointer
+  double lr = 0.05, lambd = 1e-2, alpha = 0.75, t0 = 1.0, weight_decay = 0.0;
+  bool maximize = false;
+  std::optional<float> grad_scale;
+  std::optional<float> found_inf;
+  int steps = 2;
+  std::vector<bool> skip;  // entries the plan skips (as it skips entries without grads)
+  uint64_t seed = 0;
+
+  std::string describe() const {
+    std::ostringstream s;
+    s << name << " (" << entries.size() << " entries, " << (packed ? "packed " : "list ")
+      << state_dtype << " state, lr " << (tensor_lr ? (lr_in_device ? "device tensor" : "tensor") : "float")
+      << ", wd " << weight_decay << (maximize ? ", maximize" : "")
+      << (grad_scale ? ", grad_scale" : "") << (found_inf ? (*found_inf != 0 ? ", found_inf=1" : ", found_inf=0") : "")
+      << ", t0 " << t0 << ", seed " << seed << ")";
+    return s.str();
+  }
+};
+
+// The tensors of one asgd_ call.
+struct ASGDTensors {
+  std::vector<at::Tensor> params, grads, axs, mus, etas, steps;  // list state
+  at::Tensor packed_mus, packed_etas, packed_steps;              // packed state
+  at::Tensor lr, grad_scale, found_inf;
+
+  ASGDTensors deep_copy() const {
+    ASGDTensors c;
+    c.params = clones(params);
+    c.grads = clones(grads);
+    c.axs = clones(axs);
+    c.mus = clones(mus);
+    c.etas = clones(etas);
+    c.steps = clones(steps);
+    for (auto [dst, src] : {std::pair{&c.packed_mus, &packed_mus}, {&c.packed_etas, &packed_etas},
+                            {&c.packed_steps, &packed_steps}, {&c.lr, &lr},
+                            {&c.grad_scale, &grad_scale}, {&c.found_inf, &found_inf}}) {
+      if (src->defined()) *dst = src->clone();
+    }
+    return c;
+  }
+  ASGDTensors to(const at::Device& d) const {
+    ASGDTensors c = deep_copy();
+    for (auto* l : {&c.params, &c.grads, &c.axs, &c.mus, &c.etas, &c.steps}) {
+      for (auto& t : *l) t = t.to(d);
+    }
+    for (auto* t : {&c.packed_mus, &c.packed_etas, &c.packed_steps, &c.lr, &c.grad_scale,
+                    &c.found_inf}) {
+      if (t->defined()) *t = t->to(d);
+    }
+    return c;
+  }
+};
+
+ASGDTensors make_asgd_tensors(const ASGDCase& c, Arena& arena) {
+  std::mt19937_64 rng(c.seed);
+  ASGDTensors t;
+  const auto n = static_cast<int64_t>(c.entries.size());
+  for (const auto& e : c.entries) {
+    t.params.push_back(arena.make(e.numel, e.dtype, e.offset[0], e.layout[0], rng));
+    t.grads.push_back(arena.make(e.numel, e.dtype, e.offset[1], e.layout[1], rng));
+    t.axs.push_back(arena.make(e.numel, e.dtype, e.offset[2], e.layout[2], rng));
+  }
+  // A plausible state: step s, eta and mu from torch's schedule at s.
+  std::uniform_int_distribution<int> step_dist(0, 6);
+  const auto so = at::TensorOptions().dtype(c.state_dtype);
+  at::Tensor steps = at::empty({n}, so), etas = at::empty({n}, so), mus = at::empty({n}, so);
+  for (int64_t i = 0; i < n; ++i) {
+    const double s = step_dist(rng);
+    steps[i] = s;
+    etas[i] = s == 0 ? c.lr : c.lr / std::pow(1 + c.lambd * c.lr * s, c.alpha);
+    mus[i] = 1.0 / std::max(1.0, s - c.t0);
+  }
+  if (c.packed) {
+    t.packed_steps = steps;
+    t.packed_etas = etas;
+    t.packed_mus = mus;
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      t.steps.push_back(steps[i].clone());
+      t.etas.push_back(etas[i].clone());
+      t.mus.push_back(mus[i].clone());
+    }
+  }
+  // The op's lr is a tensor: a float32 one (a tensor lr), or a float64 CPU
+  // one (what a Python float lr becomes).
+  t.lr = c.tensor_lr ? at::full({}, c.lr, at::kFloat) : at::full({}, c.lr, at::kDouble);
+  if (c.grad_scale) t.grad_scale = at::full({}, *c.grad_scale, at::kFloat);
+  if (c.found_inf) t.found_inf = at::full({}, *c.found_inf, at::kFloat);
+  if (c.grad_scale) {  // scaled grads
+    for (auto& g : t.grads) g.mul_(*c.grad_scale);
+  }
+  return t;
+}
+
+torchext::ASGDHyperparams hyper_of(const ASGDCase& c) {
+  return {c.lambd, c.alpha, c.t0, c.weight_decay, c.maximize};
+}
+
+std::optional<at::Tensor> opt(const at::Tensor& x) {
+  return x.defined() ? std::optional<at::Tensor>(x) : std::nullopt;
+}
+
+// One asgd_ call through the dispatcher, as Python makes it.
+void call_asgd(const ASGDCase& c, const ASGDTensors& t) {
+  using torchext::TensorListArg;
+  auto stack =
+      c.packed ? torchext::asgd_stack(TensorListArg(t.params), TensorListArg(t.grads),
+                                      TensorListArg(t.axs), t.packed_mus, t.packed_etas,
+                                      t.packed_steps, t.lr, hyper_of(c), opt(t.grad_scale),
+                                      opt(t.found_inf))
+               : torchext::asgd_stack(TensorListArg(t.params), TensorListArg(t.grads),
+                                      TensorListArg(t.axs), TensorListArg(t.mus),
+                                      TensorListArg(t.etas), TensorListArg(t.steps), t.lr,
+                                      hyper_of(c), opt(t.grad_scale), opt(t.found_inf));
+  torchext::asgd_op(c.packed ? torchext::ASGDState::kPacked : torchext::ASGDState::kLists)
+      .callBoxed(&stack);
+}
+
+
+
+// The reference: the CPU kernel through the dispatcher. Skipped entries are
+// left out of its lists (packed state: as 0-d views of their elements).
+void run_reference(const ASGDCase& c, ASGDTensors& t) {
+  const bool any_skip = std::find(c.skip.begin(), c.skip.end(), true) != c.skip.end();
+  for (int s = 0; s < c.steps; ++s) {
+    if (!any_skip) {
+      call_asgd(c, t);
+      continue;
+    }
+    ASGDCase sub = c;
+    sub.packed = false;
+    ASGDTensors kept;
+    kept.lr = t.lr;
+    kept.grad_scale = t.grad_scale;
+    kept.found_inf = t.found_inf;
+    for (size_t i = 0; i < c.entries.size(); ++i) {
+      if (c.skip[i]) continue;
+      kept.params.push_back(t.params[i]);
+      kept.grads.push_back(t.grads[i]);
+      kept.axs.push_back(t.axs[i]);
+      kept.mus.push_back(c.packed ? t.packed_mus[i] : t.mus[i]);
+      kept.etas.push_back(c.packed ? t.packed_etas[i] : t.etas[i]);
+      kept.steps.push_back(c.packed ? t.packed_steps[i] : t.steps[i]);
+    }
+    if (kept.params.empty()) continue;
+    call_asgd(sub, kept);
+  }
+}
+
+
+
+// Everything asgd_ may write, and what it only reads, bit for bit.
+::testing::AssertionResult same_asgd_results(const ASGDCase& c, const ASGDTensors& got,
+                                             const ASGDTensors& want) {
+  const auto check = [&](const at::Tensor& g, const at::Tensor& w,
+                         const std::string& what) -> ::testing::AssertionResult {
+    return same_bits(g, w, what);
+  };
+  for (size_t i = 0; i < c.entries.size(); ++i) {
+    const std::string at = "[" + std::to_string(i) + "]";
+    for (auto r : {check(got.params[i], want.params[i], "param" + at),
+                   check(got.axs[i], want.axs[i], "ax" + at),
+                   check(got.grads[i], want.grads[i], "grad" + at)}) {
+      if (!r) return r;
+    }
+    if (!c.packed) {
+      for (auto r : {check(got.steps[i], want.steps[i], "step" + at),
+                     check(got.etas[i], want.etas[i], "eta" + at),
+                     check(got.mus[i], want.mus[i], "mu" + at)}) {
+        if (!r) return r;
+      }
+    }
+  }
+  if (c.packed) {
+    for (auto r : {check(got.packed_steps, want.packed_steps, "steps"),
+                   check(got.packed_etas, want.packed_etas, "etas"),
+                   check(got.packed_mus, want.packed_mus, "mus")}) {
+      if (!r) return r;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+bool cpu_isa_fuses() { return std::string(torchext::cpu_isa()) != "DEFAULT"; }
+
+EntrySpec random_entry(std::mt19937_64& rng, int64_t max_numel, bool any_layout = true,
+                       const std::vector<at::ScalarType>& dtypes = {}) {
+  EntrySpec e{};
+  std::uniform_int_distribution<int64_t> numel(0, max_numel);
+  std::uniform_int_distribution<int> pick(0, 99);
+  e.numel = pick(rng) < 10 ? 0 : numel(rng);  // some empty tensors
+  if (dtypes.empty()) {
+    e.dtype = kParamDtypes[pick(rng) % 6];
+  } else {
+    e.dtype = dtypes[pick(rng) % dtypes.size()];
+  }
+  for (int k = 0; k < 3; ++k) {
+    const int r = pick(rng);
+    e.offset[k] = r < 60 ? 0 : 1 + r % 3;  // 40%: not vector-aligned
+    e.layout[k] = !any_layout || r % 10 < 7 ? Layout::kContiguous
+                  : r % 10 < 9              ? Layout::kTransposed
+                                            : Layout::kStrided;
+  }
+  return e;
+}
+
+// A mixed list: every dtype, empty tensors, unaligned slices, layouts that
+// need temporaries, and (for the small shapes) tensors spanning launches.
+ASGDCase random_asgd_case(uint64_t seed, int64_t nentries, int64_t max_numel) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> pick(0, 99);
+  ASGDCase c;
+  c.name = "random";
+  c.seed = seed;
+  for (int64_t i = 0; i < nentries; ++i) c.entries.push_back(random_entry(rng, max_numel));
+  c.packed = pick(rng) < 50;
+  c.state_dtype = pick(rng) < 75 ? at::kFloat : at::kDouble;
+  const int lr_kind = pick(rng) % 3;
+  c.tensor_lr = lr_kind != 0;
+  c.lr_in_device = lr_kind == 2;
+  c.lr = 0.01 + 0.1 * pick(rng) / 100.0;
+  c.lambd = pick(rng) < 50 ? 1e-4 : 0.05;
+  c.alpha = pick(rng) < 50 ? 0.75 : 0.5;
+  c.t0 = pick(rng) < 50 ? 1.0 : 1e6;  // averaging, or mu == 1 (ax = param)
+  c.weight_decay = pick(rng) < 50 ? 0.0 : 0.01;
+  c.maximize = pick(rng) < 25;
+  if (pick(rng) < 40) c.grad_scale = pick(rng) < 50 ? 1024.f : 3.f;
+  if (pick(rng) < 30) c.found_inf = pick(rng) < 50 ? 0.f : 1.f;
+  c.steps = 2;
+  return c;
+}
+
+
+// ---------------------------------------------------------------------------
+// check_finite_ / unscale_
+
+struct ScanCase {
+  std::string name;
+  std::vector<EntrySpec> entries;  // offset[0] and layout[0] are used
+  // (entry, chunk (-1: the middle one, -2: the last one), value) to plant
+  std::vector<std::tuple<size_t, int64_t, double>> plants;
+  std::optional<float> inv_scale;  // unscale_ when set
+  float found_inf = 0.f;
+  uint64_t seed = 0;
+};
+
+// The k-th element of t in logical order, as a view.
+at::Tensor element_view(const at::Tensor& t, int64_t k) {
+  std::vector<int64_t> idx(t.dim());
+  for (int64_t d = t.dim() - 1; d >= 0; --d) {
+    idx[d] = k % t.size(d);
+    k /= t.size(d);
+  }
+  at::Tensor e = t;
+  for (int64_t d = 0; d < t.dim(); ++d) e = e.select(0, idx[d]);
+  return e;
+}
+
+std::vector<at::Tensor> make_scan_tensors(const ScanCase& c, Arena& arena, int64_t chunk) {
+  std::mt19937_64 rng(c.seed);
+  std::vector<at::Tensor> ts;
+  for (const auto& e : c.entries) {
+    ts.push_back(arena.make(e.numel, e.dtype, e.offset[0], e.layout[0], rng));
+  }
+  for (const auto& [i, which, value] : c.plants) {
+    const at::Tensor& t = ts[i];
+    if (t.numel() == 0) continue;
+    // Chunks count real elements (a complex element is two).
+    const int64_t reals = t.is_complex() ? 2 : 1;
+    const int64_t nchunks = (t.numel() * reals + chunk - 1) / chunk;
+    const int64_t ch = which == -1 ? nchunks / 2 : which == -2 ? nchunks - 1 : which;
+    const int64_t real_index = ch * chunk + static_cast<int64_t>(rng() % chunk);
+    // For contiguous tensors the logical order is the memory order the
+    // chunks follow; for the others the chunk is only nominal.
+    element_view(t, std::min(t.numel() - 1, real_index / reals)).fill_(value);
+  }
+  return ts;
+}
+
+
+
+void scan_reference(const ScanCase& c, const std::vector<at::Tensor>& ts, const at::Tensor& found,
+                    const at::Tensor& inv) {
+  static const auto check_finite = c10::Dispatcher::singleton()
+      .findSchemaOrThrow("torchext::check_finite_", "")
+      .typed<void(at::TensorList, const at::Tensor&)>();
+  static const auto unscale = c10::Dispatcher::singleton()
+      .findSchemaOrThrow("torchext::unscale_", "")
+      .typed<void(at::TensorList, const at::Tensor&, const at::Tensor&)>();
+  if (c.inv_scale) {
+    unscale.call(ts, found, inv);
+  } else {
+    check_finite.call(ts, found);
+  }
+}
+
+
+std::vector<ScanCase> scan_cases(uint64_t seed, int64_t nentries, int64_t max_numel) {
+  std::mt19937_64 rng(seed);
+  std::vector<EntrySpec> entries;
+  for (int64_t i = 0; i < nentries; ++i) entries.push_back(random_entry(rng, max_numel));
+  // One big contiguous float32 tensor of several chunks to plant into.
+  entries.push_back({7 * max_numel + 5, at::kFloat, {1, 0, 0},
+                     {Layout::kContiguous, Layout::kContiguous, Layout::kContiguous}});
+  const size_t big = entries.size() - 1;
+  std::vector<ScanCase> cases;
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (std::optional<float> inv : {std::optional<float>{}, std::optional<float>{1.f / 1024},
+                                   std::optional<float>{1.f / 3}, std::optional<float>{1.f}}) {
+    const std::string op = inv ? "unscale_ (inv " + std::to_string(*inv) + ")" : "check_finite_";
+    cases.push_back({op + ", all finite", entries, {}, inv, 0.f, seed});
+    cases.push_back({op + ", found_inf already 1", entries, {}, inv, 1.f, seed});
+    for (int64_t where : {0L, -1L, -2L}) {
+      for (double v : {inf, -inf, nan}) {
+        cases.push_back({op + ", " + std::to_string(v) + " in chunk " + std::to_string(where) +
+                             " of the big tensor",
+                         entries, {{big, where, v}}, inv, 0.f, seed + where + 9});
+      }
+      // ... and in a random other tensor (any dtype or layout)
+      const size_t other = rng() % (entries.size() - 1);
+      cases.push_back({op + ", inf in chunk " + std::to_string(where) + " of tensors[" +
+                           std::to_string(other) + "]",
+                       entries, {{other, where, inf}}, inv, 0.f, seed + 3});
+    }
+  }
+  return cases;
+}
+
+
+// ---------------------------------------------------------------------------
+// swap_
+
+struct SwapCase {
+  std::string name;
+  std::vector<std::pair<EntrySpec, EntrySpec>> pairs;
+  uint64_t seed = 0;
+};
+
+
+SwapCase random_swap_case(uint64_t seed, int64_t npairs, int64_t max_numel) {
+  std::mt19937_64 rng(seed);
+  SwapCase c{"swap seed " + std::to_string(seed), {}, seed};
+  const std::vector<at::ScalarType> dtypes = {at::kByte, at::kHalf, at::kFloat, at::kDouble,
+                                              at::kComplexDouble, at::kShort};
+  for (int64_t i = 0; i < npairs; ++i) {
+    EntrySpec x = random_entry(rng, max_numel, true, dtypes);
+    EntrySpec y = random_entry(rng, max_numel, true, dtypes);
+    y.numel = x.numel;
+    y.dtype = x.dtype;
+    if (rng() % 2) y.layout[0] = x.layout[0];  // mostly laid out alike: the flat path
+    c.pairs.push_back({x, y});
+  }
+  return c;
+}
+
+}  // namespace

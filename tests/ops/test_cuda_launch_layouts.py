@@ -1,0 +1,113 @@
+"""The CUDA kernels' two launch layouts, on a GPU (skipped without one).
+
+Eager launches carry up to 32 KB of launch metadata (CUDA 13 builds);
+launches made while the stream captures a CUDA graph fall back to the
+classic 4 KB layout, unless TORCHEXT_CUDA_GRAPH_LARGE_PARAMS=1 (see
+csrc/ops/cuda/launch.cuh for why). A captured asgd_ / unscale_ step,
+replayed, must match the same steps run eagerly bit for bit in both
+layouts, and the profiler must see the launch counts each layout makes
+(docs/benchmarks.md lists them; ctest cuda_on_host checks both layouts on
+the CPU)."""
+import pytest
+import torch
+
+import torchext  # noqa: F401
+from conftest import requires_cuda
+
+ops = torch.ops.torchext
+HYPER = dict(lambd=1e-4, alpha=0.75, t0=2.0, weight_decay=0.01, maximize=False)
+
+# (tensors, elements) -> asgd_ update launches per step with packed state,
+# (large layout, classic layout); asgd_ adds one schedule launch.
+UPDATE_LAUNCHES = {(200, 50_000): (1, 5), (1000, 1000): (2, 15)}
+
+
+def packed_state(n, numel, seed=0):
+    """asgd_.packed's arguments on the GPU: ([params, grads, axs], [mus, etas,
+    steps], lr)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+
+    def rnd():
+        return torch.randn(numel, generator=g, device="cuda")
+
+    params, grads, axs = ([rnd() for _ in range(n)] for _ in range(3))
+    steps = torch.arange(n, device="cuda", dtype=torch.float32) % 5
+    etas = 0.01 / (1 + 1e-4 * 0.01 * steps) ** 0.75
+    mus = 1 / torch.clamp(steps - 2.0, min=1.0)
+    return [params, grads, axs], [mus, etas, steps], torch.tensor(0.01, device="cuda")
+
+
+def clone_all(lists, state, lr):
+    return [[t.clone() for t in lst] for lst in lists], [t.clone() for t in state], lr.clone()
+
+
+def step(lists, state, lr, found_inf, inv_scale):
+    """One scaler-style step: unscale_ the grads, then asgd_.packed."""
+    params, grads, axs = lists
+    ops.unscale_(grads, found_inf, inv_scale)
+    ops.asgd_.packed(params, grads, axs, *state, lr=lr, **HYPER, found_inf=found_inf)
+
+
+def assert_bitwise_equal(a, b):
+    (la, sa, _), (lb, sb, _) = a, b
+    for x_list, y_list in zip(la, lb):
+        for x, y in zip(x_list, y_list):
+            assert torch.equal(x.view(torch.int32), y.view(torch.int32))
+    for x, y in zip(sa, sb):
+        assert torch.equal(x.view(torch.int32), y.view(torch.int32))
+
+
+@requires_cuda
+@pytest.mark.parametrize("large_in_graph", [False, True], ids=["classic graph", "large graph"])
+@pytest.mark.parametrize("shape", list(UPDATE_LAUNCHES), ids=lambda s: f"{s[0]}x{s[1]}")
+def test_captured_step_replays_bit_for_bit_like_eager(monkeypatch, large_in_graph, shape):
+    if large_in_graph:
+        monkeypatch.setenv("TORCHEXT_CUDA_GRAPH_LARGE_PARAMS", "1")
+    eager = packed_state(*shape)
+    captured = clone_all(*eager)
+    found = [torch.zeros((), device="cuda") for _ in range(2)]
+    inv = torch.tensor(0.5, device="cuda")
+    # Warm up on a side stream, as torch.cuda.graph asks; then capture one step.
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step(*eager, found[0], inv)
+        step(*captured, found[1], inv)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step(*captured, found[1], inv)
+    for _ in range(3):
+        step(*eager, found[0], inv)
+        graph.replay()
+    torch.cuda.synchronize()
+    assert_bitwise_equal(captured, eager)
+    assert torch.equal(found[0], found[1])
+    # The replays moved the params: the graph is not empty.
+    assert not torch.equal(captured[0][0][0], packed_state(*shape)[0][0][0])
+
+
+def update_launches(fn):
+    """asgd_ update kernels the profiler saw while fn ran (on the GPU)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if "ASGDElementwise" in e.name)
+
+
+@requires_cuda
+@pytest.mark.parametrize("large_in_graph", [False, True], ids=["classic graph", "large graph"])
+@pytest.mark.parametrize("shape", list(UPDATE_LAUNCHES), ids=lambda s: f"{s[0]}x{s[1]}")
+def test_launch_counts_of_each_layout(monkeypatch, large_in_graph, shape):
+    if large_in_graph:
+        monkeypatch.setenv("TORCHEXT_CUDA_GRAPH_LARGE_PARAMS", "1")
+    large, classic = UPDATE_LAUNCHES[shape]
+    lists, state, lr = packed_state(*shape)
+    run = lambda: ops.asgd_.packed(*lists, *state, lr=lr, **HYPER)  # noqa: E731
+    run()  # warm-up
+    assert update_launches(run) == large  # eager: the large layout
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    assert update_launches(graph.replay) == (large if large_in_graph else classic)
