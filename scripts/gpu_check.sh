@@ -14,7 +14,7 @@
 #     not an exception) is caught: the same command runs again under
 #     `cuda-gdb -batch -ex run -ex bt` and its backtrace is kept in
 #     $OUT/check_crash_backtrace.log;
-#   - `python -m torchext bench --device cuda --only asgd,amp,gpu_targets`
+#   - `python -m torchext bench --device cuda --only asgd,amp,clip,gpu_targets`
 #     (% of the bandwidth bound per case; JSON in $OUT/bench.json), then
 #     `--only gpu_targets` again with TORCHEXT_CUDA_GRAPH_LARGE_PARAMS=1 (the
 #     captured step in the large layout; $OUT/bench_graph_large.json);
@@ -134,7 +134,7 @@ if [ $crc -gt 128 ] && [ $crc != 137 ]; then  # a signal (SIGSEGV: 139), not a f
 fi
 
 if [ "${GPU_CHECK_BENCH:-1}" = 1 ]; then
-  step bench "$PY" -m torchext bench --device cuda --only asgd,amp,gpu_targets --json "$OUT/bench.json"
+  step bench "$PY" -m torchext bench --device cuda --only asgd,amp,clip,gpu_targets --json "$OUT/bench.json"
   # Captured launches fall back to the 4 KB layout unless told (csrc/ops/cuda/launch.cuh).
   step bench_graph_large env TORCHEXT_CUDA_GRAPH_LARGE_PARAMS=1 \
     "$PY" -m torchext bench --device cuda --only gpu_targets --json "$OUT/bench_graph_large.json"
