@@ -227,3 +227,47 @@ def test_torchext_plugin_default_scaler():
                       torchext.amp.GradScaler)
     assert torchext_lightning.MixedPrecision("bf16-mixed", "cpu").scaler is None
     assert isinstance(torchext_lightning.MixedPrecision("16-mixed", "cpu"), MixedPrecision)
+
+
+class ManualModule(Module):
+    """Manual optimization: clip_gradients before the optimizer step, which
+    is where Lightning's plugin unscales (so the gradients are still scaled)."""
+
+    def __init__(self, opt_kind):
+        super().__init__(opt_kind)
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self(x), y)
+        self.manual_backward(loss)
+        self.clip_gradients(opt, gradient_clip_val=1.0, gradient_clip_algorithm="norm")
+        opt.step()
+        opt.zero_grad()
+        self.record.append(loss.detach().float().item())
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        pass
+
+    def configure_optimizers(self):
+        return optimizer(self.opt_kind, self.parameters())
+
+
+def test_torchext_plugin_manual_optimization_keeps_lightnings_clip():
+    """In manual optimization the gradients are not unscaled when the user
+    clips: torchext's plugin leaves that to Lightning's own clip, so the run
+    is bit for bit the one with Lightning's plugin."""
+    runs = []
+    for plugin_cls in (MixedPrecision, torchext_lightning.MixedPrecision):
+        module = ManualModule("torchext")
+        trainer = pl.Trainer(
+            accelerator="cpu", devices=1, max_epochs=1, logger=False,
+            plugins=[plugin_cls("16-mixed", "cpu", scaler=scaler("torchext"))],
+            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        dl = torch.utils.data.DataLoader(regression_data(poison=POISON), batch_size=8)
+        with FusedClips() as fused:
+            trainer.fit(module, dl)
+        runs.append((module.record, params(module), fused.scaler))
+    assert runs[1][2] == 0
+    assert_same(runs[1][:2], runs[0][:2], "manual optimization")

@@ -8,8 +8,8 @@ and rewrites them for the multiply. This subclass is the same plugin with
 torchext's GradScaler as its default and ``gradient_clip_val`` (norm) routed
 to torchext's fused clip:
 
-    trainer = pl.Trainer(gradient_clip_val=1.0,
-                         plugins=[torchext.integrations.lightning.MixedPrecision("16-mixed", "cuda")])
+    from torchext.integrations.lightning import MixedPrecision
+    trainer = pl.Trainer(gradient_clip_val=1.0, plugins=[MixedPrecision("16-mixed", "cuda")])
 
 * ``"16-mixed"`` with torchext's scaler: Lightning unscales the gradients
   before its clip hooks, so the clip is ``scaler.clip_grad_norm_(optimizer,
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from pytorch_lightning.core.optimizer import LightningOptimizer
 from pytorch_lightning.plugins import MixedPrecision as _LightningMixedPrecision
 
 from ..amp import GradScaler, OptState
@@ -49,7 +50,8 @@ class MixedPrecision(_LightningMixedPrecision):
         super().__init__(precision, device, scaler)
 
     def clip_grad_by_norm(self, optimizer: Any, clip_val: float) -> None:
-        optimizer = getattr(optimizer, "_optimizer", optimizer)  # a LightningOptimizer
+        if isinstance(optimizer, LightningOptimizer):  # manual optimization passes these
+            optimizer = optimizer.optimizer
         scaler = self.scaler
         if isinstance(scaler, GradScaler) and scaler.is_enabled():
             state = scaler._per_optimizer_states.get(id(optimizer))
