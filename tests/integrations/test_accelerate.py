@@ -242,6 +242,7 @@ def test_norm_only_does_not_clip_an_overflowing_norm():
     results = []
     for kind in ("torch", "torchext"):
         acc = make_accelerator("fp16", kind)
+        torch.manual_seed(0)
         model = torch.nn.Linear(2, 1, bias=False)
         opt = acc.prepare(optimizer("torchext", model.parameters(), lr=1e-30))
         acc.scaler.scale(torch.ones(()))
@@ -293,6 +294,12 @@ def test_fused_clip_only_where_it_is_accelerates_clip(monkeypatch):
     acc.unscale_gradients()
     with pytest.raises(RuntimeError, match="already been called"):
         acc.clip_grad_norm_(m0.parameters(), 1.0)
+    # already clipped: refused, for any parameters (not clipped twice)
+    acc, (m0,), (o0,) = setup()
+    acc.scaler.clip_grad_norm_(o0, 1.0)
+    for given in (m0.parameters(), list(m0.parameters())[:1]):
+        with pytest.raises(RuntimeError, match="already called"):
+            acc.clip_grad_norm_(given, 1.0)
     # DeepSpeed, FSDP, XLA: accelerate's own method stays
     for kind in (DistributedType.DEEPSPEED, DistributedType.FSDP, DistributedType.XLA):
         acc = make_accelerator("fp16")

@@ -153,8 +153,11 @@ def _fused_target(accelerator: Any, parameters: list) -> tuple[Any, list] | None
         while isinstance(opt, AcceleratedOptimizer):
             opt = opt.optimizer
         state = scaler._per_optimizer_states.get(id(opt))
-        if state is not None and (state["stage"] is not OptState.READY or "clip_coef" in state):
+        if state is not None and state["stage"] is not OptState.READY:
             return None  # accelerate's unscale_ raises as it does with torch's scaler
+        if state is not None and "clip_coef" in state:  # a second clip would be folded in too
+            raise RuntimeError("accelerator.clip_grad_norm_: scaler.clip_grad_norm_() was already "
+                               "called on this optimizer since the last update().")
         optimizers.append(opt)
     matches = [opt for opt in optimizers if clips_the_same_grads(parameters, opt)]
     if len(matches) != 1:
