@@ -4,7 +4,11 @@ torch.optim.ASGD + torch's scaler, bit for bit.
 torchext's scaler goes where Lightning takes a scaler:
 ``plugins=[MixedPrecision("16-mixed", device, scaler=torchext.amp.GradScaler())]``
 (on the CPU, ``precision="16-mixed"`` alone falls back to bf16; the plugin
-keeps fp16 autocast and a scaler, as on a GPU).
+keeps fp16 autocast and a scaler, as on a GPU). torchext's own plugin,
+``torchext.integrations.lightning.MixedPrecision``, routes
+``gradient_clip_val`` to the fused clip: its runs are compared bit for bit
+but for the losses, parameters and ASGD state, within
+``fw_common.FOLD_RTOL``.
 """
 import logging
 import warnings
@@ -13,12 +17,15 @@ import pytest
 import torch
 
 from fw_common import keep_torch_globals  # noqa: F401 (autouse)
-from fw_common import (REFERENCE, RUNS, StepCalls, assert_same, assert_scale_moved_both_ways,
-                       mlp, need, optimizer, optimizer_state, params, regression_data, scaler,
-                       scaler_state)
+from fw_common import (REFERENCE, RUNS, FusedClips, RecordOps, StepCalls, assert_close, assert_same,
+                       assert_scale_moved_both_ways, mlp, need, optimizer, optimizer_state,
+                       params, regression_data, scaler, scaler_state)
 
 pl = need("pytorch_lightning")
 from pytorch_lightning.plugins import MixedPrecision  # noqa: E402
+
+import torchext  # noqa: E402
+from torchext.integrations import lightning as torchext_lightning  # noqa: E402
 
 
 POISON = (17, 44)  # rows: batches 2 and 5 of each epoch (batch size 8)
@@ -60,18 +67,22 @@ class Module(pl.LightningModule):
 
 
 def train(opt_kind, scaler_kind, *, precision="16-mixed", clip=1.0, accum=1, epochs=2,
-          poison=POISON, compile=False, checkpoint=None, resume=None, capturable=False):
+          poison=POISON, compile=False, checkpoint=None, resume=None, capturable=False,
+          plugin="lightning"):
     """``checkpoint``: train one epoch and save a checkpoint there;
-    ``resume``: fit from that checkpoint (``ckpt_path=``) to the end."""
+    ``resume``: fit from that checkpoint (``ckpt_path=``) to the end;
+    ``plugin``: Lightning's MixedPrecision or torchext's. Returns the record
+    of each step, the final state and the fused clips that ran."""
     module = Module(opt_kind, capturable)
     sc = None if scaler_kind is None else scaler(scaler_kind)
+    plugin_cls = MixedPrecision if plugin == "lightning" else torchext_lightning.MixedPrecision
     trainer = pl.Trainer(
         accelerator="cpu", devices=1, max_epochs=1 if checkpoint else epochs,
-        plugins=[MixedPrecision(precision, "cpu", scaler=sc)], gradient_clip_val=clip,
+        plugins=[plugin_cls(precision, "cpu", scaler=sc)], gradient_clip_val=clip,
         accumulate_grad_batches=accum, enable_checkpointing=False, logger=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
     dl = torch.utils.data.DataLoader(regression_data(poison=poison), batch_size=8)
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, FusedClips() as fused:
         warnings.simplefilter("always")
         trainer.fit(torch.compile(module) if compile else module, dl, ckpt_path=resume)
     if checkpoint:
@@ -82,7 +93,7 @@ def train(opt_kind, scaler_kind, *, precision="16-mixed", clip=1.0, accum=1, epo
                              if "optimizer.step()" in str(w.message)})
     final = dict(params=params(module), opt=optimizer_state(opt), scaler=scaler_state(sc),
                  global_step=trainer.global_step, sched_warnings=sched_warnings)
-    return module.record, final
+    return module.record, final, (fused.scaler, fused.asgd)
 
 
 _references = {}
@@ -97,8 +108,10 @@ def reference(**kw):
 
 
 def check(got, ref):
-    assert_same(got[0], ref[0], "per step")
-    assert_same(got[1], ref[1], "final state")
+    """Bit for bit; within FOLD_RTOL where the fused clip ran."""
+    compare = assert_close if any(got[2]) else assert_same
+    compare(got[0], ref[0], "per step")
+    compare(got[1], ref[1], "final state")
 
 
 @pytest.mark.parametrize("clip,accum", [(1.0, 1), (1.0, 2)], ids=["clip", "clip-accumulate2"])
@@ -160,3 +173,101 @@ def test_capturable_asks_for_the_fused_contract():
     got = train("torchext", "torchext", capturable=True, clip=None, epochs=1)
     assert all(r["calls"] == 1 for r in got[0])
     assert all(bool(p.isfinite().all()) for p in got[1]["params"])
+
+
+@pytest.mark.parametrize("accum", [1, 2], ids=["clip", "clip-accumulate2"])
+def test_torchext_plugin_fused_clip(accum):
+    """torchext's MixedPrecision: after Lightning's unscale_,
+    gradient_clip_val is the scaler's fused clip (the coefficient folded
+    into the step), once per optimizer step, overflows included; against
+    torch's classes under Lightning's plugin. With torch's scaler in it,
+    Lightning's own clip, bit for bit."""
+    ref = reference(clip=1.0, accum=accum)
+    got = train("torchext", "torchext", clip=1.0, accum=accum, plugin="torchext")
+    check(got, ref)
+    assert got[2] == (len(ref[0]) // accum, 0)
+    got = train("torchext", "torch", clip=1.0, accum=accum, plugin="torchext")
+    assert got[2] == (0, 0)
+    check(got, ref)
+
+
+def test_torchext_plugin_bf16_fused_clip():
+    """bf16-mixed (no scaler): torchext's ASGD clips through its own
+    clip_grad_norm_, folded into its next step."""
+    ref = train("torch", None, precision="bf16-mixed", poison=())
+    got = train("torchext", None, precision="bf16-mixed", poison=(), plugin="torchext")
+    assert got[2] == (0, len(ref[0]))
+    check(got, ref)
+
+
+def test_torchext_plugin_ckpt_path_resume(tmp_path):
+    whole = train("torchext", "torchext", plugin="torchext")
+    check(whole, reference(clip=1.0, accum=1))
+    train("torchext", "torchext", plugin="torchext", checkpoint=tmp_path / "epoch1.ckpt")
+    resumed = train("torchext", "torchext", plugin="torchext", resume=tmp_path / "epoch1.ckpt")
+    assert_same(resumed[0], whole[0][len(whole[0]) // 2:], "per step after resume")
+    assert_same(resumed[1], whole[1], "final state after resume")
+
+
+def test_torchext_plugin_does_not_rewrite_the_gradients():
+    """The fused clip reads the gradients once (tensor_norms) and never
+    writes them: the only pass that writes is Lightning's unscale_, and
+    torch's clip (_foreach_norm, _foreach_mul_) does not run."""
+    with RecordOps() as rec:
+        got = train("torchext", "torchext", plugin="torchext", epochs=1)
+    steps = len(got[0])
+    assert got[2] == (steps, 0)
+    assert rec.ops.count("torchext.tensor_norms.default") == steps
+    assert rec.ops.count("torchext.unscale_.default") == steps
+    assert not {"aten._foreach_norm.Scalar", "aten._foreach_mul_.Tensor"} & set(rec.ops)
+
+
+def test_torchext_plugin_default_scaler():
+    assert isinstance(torchext_lightning.MixedPrecision("16-mixed", "cpu").scaler,
+                      torchext.amp.GradScaler)
+    assert torchext_lightning.MixedPrecision("bf16-mixed", "cpu").scaler is None
+    assert isinstance(torchext_lightning.MixedPrecision("16-mixed", "cpu"), MixedPrecision)
+
+
+class ManualModule(Module):
+    """Manual optimization: clip_gradients before the optimizer step, which
+    is where Lightning's plugin unscales (so the gradients are still scaled)."""
+
+    def __init__(self, opt_kind):
+        super().__init__(opt_kind)
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self(x), y)
+        self.manual_backward(loss)
+        self.clip_gradients(opt, gradient_clip_val=1.0, gradient_clip_algorithm="norm")
+        opt.step()
+        opt.zero_grad()
+        self.record.append(loss.detach().float().item())
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        pass
+
+    def configure_optimizers(self):
+        return optimizer(self.opt_kind, self.parameters())
+
+
+def test_torchext_plugin_manual_optimization_keeps_lightnings_clip():
+    """In manual optimization the gradients are not unscaled when the user
+    clips: torchext's plugin leaves that to Lightning's own clip, so the run
+    is bit for bit the one with Lightning's plugin."""
+    runs = []
+    for plugin_cls in (MixedPrecision, torchext_lightning.MixedPrecision):
+        module = ManualModule("torchext")
+        trainer = pl.Trainer(
+            accelerator="cpu", devices=1, max_epochs=1, logger=False,
+            plugins=[plugin_cls("16-mixed", "cpu", scaler=scaler("torchext"))],
+            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        dl = torch.utils.data.DataLoader(regression_data(poison=POISON), batch_size=8)
+        with FusedClips() as fused:
+            trainer.fit(module, dl)
+        runs.append((module.record, params(module), fused.scaler))
+    assert runs[1][2] == 0
+    assert_same(runs[1][:2], runs[0][:2], "manual optimization")

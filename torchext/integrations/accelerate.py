@@ -8,7 +8,8 @@ accelerate's scaler it behaves as ``torch.optim.ASGD`` does (the scaler
 unscales the gradients, then steps it, or not on an overflow).
 :func:`use_torchext_scaler` puts torchext's GradScaler in its place, with the
 same settings and state, so that a step without clipping is torchext's fused
-one (a read-only inf check, then one update pass that unscales on the fly).
+one (a read-only inf check, then one update pass that unscales on the fly),
+and routes ``accelerator.clip_grad_norm_`` to the scaler's fused clip.
 
     accelerator = Accelerator(mixed_precision="fp16")
     use_torchext_scaler(accelerator)                   # the one line
@@ -22,18 +23,32 @@ of ``hyperparameter_search``: there, call it at the end of an overridden
 ``create_accelerator_and_postprocess``.)
 
 Everything accelerate does with its scaler keeps working: ``backward``,
-``clip_grad_norm_`` (unscales first), ``optimizer_step_was_skipped`` (True
-when ``optimizer.step()`` was not called, as with torch's scaler),
+``clip_grad_norm_``, ``optimizer_step_was_skipped`` (True when
+``optimizer.step()`` was not called, as with torch's scaler),
 ``save_state``/``load_state`` (either scaler's checkpoint loads into the
 other), the HF Trainer's ``scaler.pt``.
+
+``accelerator.clip_grad_norm_(parameters, max_norm)`` unscales every
+optimizer's gradients, then clips ``parameters``. When ``parameters``' grads
+are exactly one prepared optimizer's, it becomes
+``scaler.clip_grad_norm_(optimizer, max_norm)``: one read of those grads
+gives the total norm and the inf check, and the clip coefficient is folded
+into that optimizer's next ``scaler.step`` (the other optimizers are
+unscaled, as accelerate does). ``max_norm=inf``, which the HF Trainer passes
+on every step when it does not clip, only computes the norm. Anything else
+(other parameters, an optimizer already unscaled, FSDP, DeepSpeed, XLA,
+Megatron-LM, which clip their own way) is accelerate's own clip, unchanged.
 """
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any
 
 import torch
 
 from ..amp import GradScaler, OptState
+from ._clip import clips_the_same_grads
 
 __all__ = ["use_torchext_scaler"]
 
@@ -47,6 +62,9 @@ def use_torchext_scaler(accelerator: Any, **kwargs: Any) -> GradScaler | None:
     prepared are switched too. ``kwargs`` are torchext's extra options
     (``hysteresis``, ``min_scale``, ``max_scale``, ...); settings from
     accelerate's ``GradScalerKwargs`` carry over.
+
+    It also routes ``accelerator.clip_grad_norm_`` to the scaler's fused clip
+    where that is the same clip (the module's docstring says when).
 
     Returns the new scaler, or None when accelerate runs without one (bf16,
     fp32, fp16 on the CPU, DeepSpeed, ...): then nothing changes, so the
@@ -63,6 +81,7 @@ def use_torchext_scaler(accelerator: Any, **kwargs: Any) -> GradScaler | None:
     if old is None:
         return None
     if isinstance(old, GradScaler):
+        _route_clip_grad_norm(accelerator)
         return old
     if type(old) not in _PLAIN_SCALERS:
         raise TypeError(
@@ -80,7 +99,70 @@ def use_torchext_scaler(accelerator: Any, **kwargs: Any) -> GradScaler | None:
     for opt in getattr(accelerator, "_optimizers", ()):
         if getattr(opt, "scaler", None) is old:
             opt.scaler = new
+    _route_clip_grad_norm(accelerator)
     return new
+
+
+def _route_clip_grad_norm(accelerator: Any) -> None:
+    """Replaces ``accelerator.clip_grad_norm_`` (on this instance) by
+    :func:`_clip_grad_norm_`, which falls back to accelerate's own."""
+    from accelerate.utils import DistributedType
+    if getattr(accelerator.clip_grad_norm_, "_torchext_routed", False):
+        return
+    if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED,
+                                        DistributedType.XLA, DistributedType.MEGATRON_LM):
+        return  # they clip (or unscale) their own way
+    unfused = accelerator.clip_grad_norm_
+    routed = functools.wraps(unfused)(functools.partial(_clip_grad_norm_, accelerator, unfused))
+    routed._torchext_routed = True
+    accelerator.clip_grad_norm_ = routed
+
+
+def _clip_grad_norm_(accelerator: Any, unfused, parameters, max_norm, norm_type=2):
+    """accelerate's ``clip_grad_norm_``, fused where it clips exactly one
+    optimizer's gradients; accelerate's own otherwise."""
+    parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    target = _fused_target(accelerator, parameters)
+    if target is None:
+        return unfused(parameters, max_norm, norm_type)
+    scaler = accelerator.scaler
+    optimizer, others = target
+    for other in others:  # accelerate unscales every optimizer
+        scaler.unscale_(other)
+    total = scaler.clip_grad_norm_(optimizer, max_norm, norm_type)
+    if math.isinf(max_norm) and max_norm > 0:
+        # accelerate computes the norm and does not clip: the step folds in
+        # a coefficient of exactly 1 (not torch's 0 or NaN for a norm that
+        # overflowed while every gradient was finite).
+        state = scaler._per_optimizer_states[id(optimizer)]
+        if state.get("clip_coef") is not None:
+            state["clip_coef"] = torch.ones_like(state["clip_coef"])
+    return total
+
+
+def _fused_target(accelerator: Any, parameters: list) -> tuple[Any, list] | None:
+    """(the optimizer whose grads are exactly ``parameters``', the other
+    optimizers) when the fused clip is accelerate's clip; else None."""
+    scaler = accelerator.scaler
+    if not (isinstance(scaler, GradScaler) and scaler.is_enabled() and accelerator.native_amp
+            and accelerator.mixed_precision == "fp16"):
+        return None  # accelerate does not unscale here: nothing to fuse
+    from accelerate.optimizer import AcceleratedOptimizer
+    optimizers = []
+    for opt in accelerator._optimizers:
+        while isinstance(opt, AcceleratedOptimizer):
+            opt = opt.optimizer
+        state = scaler._per_optimizer_states.get(id(opt))
+        if state is not None and state["stage"] is not OptState.READY:
+            return None  # accelerate's unscale_ raises as it does with torch's scaler
+        if state is not None and "clip_coef" in state:  # a second clip would be folded in too
+            raise RuntimeError("accelerator.clip_grad_norm_: scaler.clip_grad_norm_() was already "
+                               "called on this optimizer since the last update().")
+        optimizers.append(opt)
+    matches = [opt for opt in optimizers if clips_the_same_grads(parameters, opt)]
+    if len(matches) != 1:
+        return None
+    return matches[0], [opt for opt in optimizers if opt is not matches[0]]
 
 
 def _plain_scalers() -> tuple[type, ...]:

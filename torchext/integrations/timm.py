@@ -9,15 +9,26 @@ save and restore it; a checkpoint of either class loads into the other).
 
     loss_scaler = torchext.integrations.timm.NativeScaler(device=device.type)
 
+With ``clip_grad=...`` and ``clip_mode="norm"`` (timm's ``--clip-grad``),
+where ``parameters``' gradients are exactly the optimizer's, timm's
+``unscale_`` + ``clip_grad_norm_`` becomes ``scaler.clip_grad_norm_(optimizer,
+clip_grad)``: one read gives the norm and the inf check, and the clip
+coefficient is folded into the scaler's step. The other modes ("value",
+"agc") and other parameters are timm's own, unchanged.
+
 ``torchext.optim.ASGD`` also works with timm's own NativeScaler as it is.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from timm.utils import NativeScaler as _TimmNativeScaler
+import torch
 
-from ..amp import GradScaler
+from timm.utils import NativeScaler as _TimmNativeScaler
+from timm.utils import dispatch_clip_grad
+
+from ..amp import GradScaler, OptState
+from ._clip import clips_the_same_grads
 
 __all__ = ["NativeScaler"]
 
@@ -36,3 +47,29 @@ class NativeScaler(_TimmNativeScaler):
         # timm's __init__ only builds a torch.amp.GradScaler (which warns and
         # disables itself for "cuda" without a GPU): not called.
         self._scaler = GradScaler(device=device, **kwargs)
+
+    def __call__(self, loss, optimizer, clip_grad=None, clip_mode="norm", parameters=None,
+                 create_graph=False, need_update=True):
+        """timm's ``NativeScaler.__call__``, with the fused clip by norm."""
+        self._scaler.scale(loss).backward(create_graph=create_graph)
+        if not need_update:
+            return
+        if clip_grad is not None:
+            assert parameters is not None
+            parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+            if clip_mode == "norm" and self._fuses_clip(optimizer, parameters):
+                self._scaler.clip_grad_norm_(optimizer, clip_grad)
+            else:
+                self._scaler.unscale_(optimizer)
+                dispatch_clip_grad(parameters, clip_grad, mode=clip_mode)
+        self._scaler.step(optimizer)
+        self._scaler.update()
+
+    def _fuses_clip(self, optimizer, parameters) -> bool:
+        # The fused clip is timm's when it clips the same gradients, not
+        # yet unscaled (else timm's unscale_ raises, as it should).
+        if not self._scaler.is_enabled():
+            return False
+        state = self._scaler._per_optimizer_states.get(id(optimizer))
+        return ((state is None or state["stage"] is OptState.READY)
+                and clips_the_same_grads(parameters, optimizer))
