@@ -74,12 +74,14 @@ def test_total_norm_is_float64_accurate(order):
 
 def test_inputs_torch_takes():
     # A single tensor, a generator, no grads, None grads, mixed dtypes.
-    p = torch.nn.Parameter(torch.randn(5))
-    p.grad = torch.randn(5)
+    g = torch.Generator().manual_seed(3)
+    p = torch.nn.Parameter(torch.randn(5, generator=g))
+    p.grad = torch.randn(5, generator=g)
     q = copy.deepcopy(p)
     q.grad = p.grad.clone()
-    assert torch.equal(clip_grad_norm_(p, 0.1), torch.nn.utils.clip_grad_norm_(q, 0.1))
-    assert torch.equal(p.grad, q.grad)
+    # (the norms may differ in their last bit: another summation order)
+    assert close(clip_grad_norm_(p, 0.1), torch.nn.utils.clip_grad_norm_(q, 0.1), 2e-7)
+    assert close(p.grad, q.grad, 2e-7)
     ps = params_with_grads(torch.float32)
     qs = twins(ps)
     assert close(clip_grad_norm_(iter(ps), 1.0), torch.nn.utils.clip_grad_norm_(iter(qs), 1.0),
