@@ -164,13 +164,13 @@ torch::Tensor GradScaler::clip_grad_norm_(torch::optim::Optimizer& optimizer, do
   // recorded then); else of grads * inv_scale, with the inf/NaN check in the
   // same read. torch: inv_scale = scale.double().reciprocal().float()
   const bool unscaled = next.stage == Stage::kUnscaled;
-  const auto inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
   std::vector<api::NormsCall> calls;
-  for (const auto& d : per_device) {
-    calls.push_back({d.grads, std::nullopt, std::nullopt});
-    if (!unscaled) {
-      calls.back().inv_scale = inv_scale.to(d.device, /*non_blocking=*/true);
-      calls.back().found_inf = d.found_inf;
+  for (const auto& d : per_device) calls.push_back({d.grads, std::nullopt, std::nullopt});
+  if (!unscaled) {
+    const auto inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
+    for (const auto i : c10::irange(calls.size())) {
+      calls[i].inv_scale = inv_scale.to(per_device[i].device, /*non_blocking=*/true);
+      calls[i].found_inf = per_device[i].found_inf;
     }
   }
   const auto total = api::total_norm(calls, norm_type);  // every device checked first
