@@ -401,10 +401,7 @@ bool ASGD::amp_step_must_not_sync() const {
 
 torch::Tensor ASGD::clip_grad_norm_(double max_norm, double norm_type, bool error_if_nonfinite) {
   at::NoGradGuard no_grad;
-  std::vector<at::Tensor> grads;
-  for (const auto& group : param_groups_) {
-    for (const auto& g : api::grads_of(group.params())) grads.push_back(g);
-  }
+  const auto grads = api::grads_of(*this);
   if (grads.empty()) return at::zeros({});  // torch's clip of no gradients
   const auto total = api::total_norm(api::norms_calls_by_device(grads), norm_type);
   api::check_nonfinite(total, norm_type, error_if_nonfinite);

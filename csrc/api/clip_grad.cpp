@@ -87,6 +87,15 @@ std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params) {
   return grads;
 }
 
+std::vector<at::Tensor> grads_of(const torch::optim::Optimizer& optimizer) {
+  std::vector<at::Tensor> grads;
+  for (const auto& group : optimizer.param_groups()) {
+    const auto g = grads_of(group.params());
+    grads.insert(grads.end(), g.begin(), g.end());
+  }
+  return grads;
+}
+
 std::vector<NormsCall> norms_calls_by_device(const std::vector<at::Tensor>& tensors) {
   std::vector<NormsCall> calls;
   for (const auto& [device, idx] : index_by_device(tensors)) {

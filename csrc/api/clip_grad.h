@@ -7,6 +7,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <torch/optim/optimizer.h>
 
 #include <optional>
 #include <vector>
@@ -48,8 +49,9 @@ void multiply_(const std::vector<at::Tensor>& tensors, const at::Tensor& factor)
 at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm,
                            double norm_type, bool error_if_nonfinite);
 
-// Every defined .grad of `params`, in order.
+// Every defined .grad of `params`, in order; of every group's params.
 std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params);
+std::vector<at::Tensor> grads_of(const torch::optim::Optimizer& optimizer);
 
 // One NormsCall per device (devices in order of first appearance).
 std::vector<NormsCall> norms_calls_by_device(const std::vector<at::Tensor>& tensors);

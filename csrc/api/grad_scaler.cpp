@@ -28,15 +28,8 @@ struct DeviceGrads {
   std::vector<at::Tensor> grads;
   at::Tensor found_inf;
 };
-std::vector<at::Tensor> grads_of(const torch::optim::Optimizer& optimizer) {
-  std::vector<at::Tensor> grads;
-  for (const auto& group : optimizer.param_groups()) {
-    for (const auto& g : api::grads_of(group.params())) grads.push_back(g);
-  }
-  return grads;
-}
 std::vector<DeviceGrads> grads_by_device(const torch::optim::Optimizer& optimizer) {
-  const auto grads = grads_of(optimizer);
+  const auto grads = api::grads_of(optimizer);
   std::vector<DeviceGrads> out;
   for (const auto& [device, idx] : api::index_by_device(grads)) {
     out.push_back({device, api::pick(grads, idx),
@@ -240,7 +233,7 @@ torch::Tensor GradScaler::step(torch::optim::Optimizer& optimizer) {
     const auto factor = next.stage == Stage::kUnscaled
                             ? coef
                             : scale_.to(at::kDouble).reciprocal() * coef;
-    api::multiply_(grads_of(optimizer), factor.to(at::kFloat));
+    api::multiply_(api::grads_of(optimizer), factor.to(at::kFloat));
     auto& st = per_optimizer_.at(&optimizer);
     st.stage = Stage::kUnscaled;
     st.clip_coef = torch::Tensor();  // applied: a retried step does not apply it again
