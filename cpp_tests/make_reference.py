@@ -22,6 +22,11 @@ Everything is produced by PyTorch itself at test time (nothing is committed):
   amp_protocol_ref.pt  torchext.amp.GradScaler + torchext.optim.ASGD with
                   overflows (plain, capturable, unscale_ first): which steps
                   called step(), the scales, the params and step counts.
+  clip_ref.pt     the fused clips: torchext.amp.GradScaler.clip_grad_norm_
+                  (torchext ASGD, plain/capturable/unscale_ first/inf norm, and
+                  torch's SGD), a disabled scaler, ASGD.clip_grad_norm_ without a
+                  scaler; a small MLP through overflows with clipping active:
+                  the total norms, scales, skipped steps, final params.
   unfused_ref.pt  torchext.optim.ASGD(fused=False) (reference_asgd and
                   _create_state) over options, tensor lr, grad_scale/found_inf,
                   capturable, complex: the C++ unfused step must match bit for bit.
@@ -502,6 +507,79 @@ def amp_protocol_reference(out):
     torch.save(ref, os.path.join(out, "amp_protocol_ref.pt"))
 
 
+# ---- the fused clips: Python's torchext vs C++ (test_grad_scaler.cpp) ------------
+# Each variant: (optimizer, scaler: "on"/"off"/None, unscale_ first, norm_type).
+CLIP_VARIANTS = {
+    "asgd": ("asgd", "on", False, 2.0),
+    "asgd_capturable": ("asgd_capturable", "on", False, 2.0),
+    "asgd_unscale_first": ("asgd", "on", True, 2.0),
+    "asgd_inf_norm": ("asgd", "on", False, float("inf")),
+    "sgd": ("sgd", "on", False, 2.0),
+    "sgd_unscale_first": ("sgd", "on", True, 2.0),
+    "asgd_disabled": ("asgd", "off", False, 2.0),
+    "sgd_disabled": ("sgd", "off", False, 2.0),
+    "asgd_no_scaler": ("asgd", None, False, 2.0),
+}
+CLIP_STEPS = 16
+CLIP_MAX_NORM = 0.05
+CLIP_BAD_GRAD = {3: float("inf"), 9: float("nan")}  # first param's grad[1], scaled runs only
+CLIP_SCALER = dict(init_scale=2.0 ** 10, growth_interval=4)
+
+
+def clip_reference(out):
+    """A small MLP (Linear 6->16, tanh, Linear 16->3, MSE) trained with the
+    clip of each CLIP_VARIANTS entry; the C++ test builds the same model from
+    the saved weights and must match every number bit for bit."""
+    from torchext.amp import GradScaler
+    from torchext.optim import ASGD as TorchextASGD
+    gen = torch.Generator().manual_seed(5)
+    init = [torch.randn(16, 6, generator=gen) * 0.5, torch.randn(16, generator=gen) * 0.1,
+            torch.randn(3, 16, generator=gen) * 0.5, torch.randn(3, generator=gen) * 0.1]
+    x, y = torch.randn(32, 6, generator=gen), torch.randn(32, 3, generator=gen)
+    ref = {"x": x, "y": y, "steps": torch.tensor(CLIP_STEPS), "max_norm": torch.tensor(
+        CLIP_MAX_NORM, dtype=torch.float64)}
+    for i, t in enumerate(init):
+        ref[f"init{i}"] = t
+    for bad_step, value in CLIP_BAD_GRAD.items():
+        ref[f"bad_at{bad_step}"] = torch.tensor(value)
+    for name, (opt_kind, scaler_kind, unscale_first, norm_type) in CLIP_VARIANTS.items():
+        params = [t.clone().requires_grad_() for t in init]
+        if opt_kind == "sgd":
+            opt = torch.optim.SGD(params, lr=0.05, momentum=0.9)
+        else:
+            opt = TorchextASGD(params, lr=0.05, t0=5, capturable=opt_kind == "asgd_capturable")
+        scaler = None if scaler_kind is None else GradScaler(**CLIP_SCALER,
+                                                             enabled=scaler_kind == "on")
+        norms, scales = [], []
+        for s in range(CLIP_STEPS):
+            opt.zero_grad()
+            h = torch.tanh(torch.nn.functional.linear(x, params[0], params[1]))
+            loss = torch.nn.functional.mse_loss(torch.nn.functional.linear(h, params[2],
+                                                                           params[3]), y)
+            if scaler is None:
+                loss.backward()
+                norms.append(opt.clip_grad_norm_(CLIP_MAX_NORM, norm_type))
+                opt.step()
+                continue
+            scaler.scale(loss).backward()
+            if scaler_kind == "on" and s in CLIP_BAD_GRAD:
+                params[0].grad.view(-1)[1] = CLIP_BAD_GRAD[s]
+            if unscale_first:
+                scaler.unscale_(opt)
+            norms.append(scaler.clip_grad_norm_(opt, CLIP_MAX_NORM, norm_type))
+            scaler.step(opt)
+            scaler.update()
+            scales.append(scaler.get_scale())
+        pre = name + "/"
+        ref[pre + "norm_type"] = torch.tensor(norm_type, dtype=torch.float64)
+        ref[pre + "norms"] = torch.stack(norms)
+        ref[pre + "scales"] = torch.tensor(scales, dtype=torch.float64)
+        ref[pre + "skipped"] = torch.tensor(0 if scaler is None else scaler.num_skipped_steps())
+        for i, p in enumerate(params):
+            ref[pre + f"param{i}"] = p.detach().clone()
+    torch.save(ref, os.path.join(out, "clip_ref.pt"))
+
+
 # ---- the unfused step and state creation, Python vs C++ ---------------------
 # Each case: torchext.optim.ASGD(fused=False) options, the params' dtype and
 # whether grad_scale/found_inf are set (found_inf at UNFUSED_OVERFLOW steps:
@@ -646,6 +724,7 @@ def main(argv):
     asgd_reference(out)
     scaler_reference(out)
     amp_protocol_reference(out)
+    clip_reference(out)
     unfused_reference(out)
     split_reference(out)
     corrupt_reference(out)

@@ -348,6 +348,42 @@ TEST(ASGD, StepWithAmpUnscalesAndSkipsOnDevice) {
   EXPECT_EQ(state_of(a, p).step().item<float>(), 1.0f);
 }
 
+// ASGD::clip_grad_norm_ against LibTorch's torch::nn::utils::clip_grad_norm_
+// then step(): the same norm and parameters (fp32 rounding: LibTorch sums the
+// norms in another order, and the fold multiplies by 1 / (1 / coef)); the
+// grads left as they are; the coefficient used by one step only, by the
+// fused and the unfused step alike.
+TEST(ASGD, ClipGradNormIsFoldedIntoTheNextStepOnly) {
+  for (const bool fused : {true, false}) {
+    SCOPED_TRACE(fused ? "fused" : "fused=false");
+    Problem a(1), b(1);
+    ASGD folded(a.groups()), reference(b.groups());
+    for (auto* opt : {&folded, &reference}) {
+      for (auto& g : opt->param_groups()) static_cast<ASGDOptions&>(g.options()).fused(fused);
+    }
+    for (int s = 0; s < 6; ++s) {
+      a.set_grads(s);
+      b.set_grads(s);
+      if (s < 4) {  // clipping active (the max norm is below every total norm)
+        std::vector<torch::Tensor> grads;
+        for (const auto& p : a.params) grads.push_back(p.grad().clone());
+        const auto norm = folded.clip_grad_norm_(0.5);
+        const double want = torch::nn::utils::clip_grad_norm_(b.params, 0.5);
+        ASSERT_GT(want, 0.5);
+        EXPECT_NEAR(norm.item<double>(), want, 1e-6 * want);
+        for (size_t i = 0; i < grads.size(); ++i) {
+          EXPECT_TRUE(torch::equal(a.params[i].grad(), grads[i]));
+        }
+      }
+      folded.step();  // steps 4 and 5: no clip, so no coefficient
+      reference.step();
+    }
+    for (size_t i = 0; i < a.params.size(); ++i) {
+      EXPECT_TRUE(close(a.params[i], b.params[i], 1e-6));
+    }
+  }
+}
+
 TEST(ASGD, SaveLoadRoundTrip) {
   Problem a(2), b(2);
   ASGD opt_a(a.groups());

@@ -431,3 +431,216 @@ TEST(GradScalerBadInput, RefusedFusedStepKeepsTheRecords) {
   scaler.update();
   EXPECT_FALSE(torch::equal(p, torch::ones({2})));
 }
+
+// ---- the fused clip: GradScaler::clip_grad_norm_, ASGD::clip_grad_norm_ -----
+
+namespace {
+
+// make_reference.py's clip model: Linear 6->16, tanh, Linear 16->3, MSE.
+torch::Tensor clip_model_loss(const std::vector<torch::Tensor>& p, const torch::Tensor& x,
+                              const torch::Tensor& y) {
+  const auto h = torch::tanh(torch::linear(x, p[0], p[1]));
+  return torch::mse_loss(torch::linear(h, p[2], p[3]), y);
+}
+
+// Bit for bit, NaN where NaN (the overflow steps' norms).
+::testing::AssertionResult same_bits(const torch::Tensor& got, const torch::Tensor& want) {
+  if (got.scalar_type() != want.scalar_type() || got.sizes() != want.sizes() ||
+      !torch::equal(got.isnan(), want.isnan()) ||
+      !torch::equal(got.nan_to_num(0, 0, 0), want.nan_to_num(0, 0, 0))) {
+    return ::testing::AssertionFailure() << "got " << got << "\nwant " << want;
+  }
+  return ::testing::AssertionSuccess();
+}
+
+struct ClipVariant {
+  std::string name, opt, scaler;  // opt: asgd, asgd_capturable, sgd; scaler: on, off, none
+  bool unscale_first;
+};
+
+}  // namespace
+
+// C++ against Python's torchext (make_reference.py clip_reference): the
+// scaler's fused clip with torchext's ASGD (folded into its fused step) and
+// with LibTorch's SGD (unscaled and clipped in one pass), after unscale_,
+// with a disabled scaler, and ASGD::clip_grad_norm_ alone; through an inf and
+// a NaN step with clipping active. Every norm, scale, skip and parameter
+// bit for bit.
+TEST(GradScaler, ClipMatchesPython) {
+  const auto ref = load_ref("clip_ref.pt");
+  const auto x = R(ref, "x"), y = R(ref, "y");
+  const int64_t steps = R(ref, "steps").item<int64_t>();
+  const double max_norm = R(ref, "max_norm").item<double>();
+  const std::vector<ClipVariant> variants = {
+      {"asgd", "asgd", "on", false},          {"asgd_capturable", "asgd_capturable", "on", false},
+      {"asgd_unscale_first", "asgd", "on", true}, {"asgd_inf_norm", "asgd", "on", false},
+      {"sgd", "sgd", "on", false},            {"sgd_unscale_first", "sgd", "on", true},
+      {"asgd_disabled", "asgd", "off", false}, {"sgd_disabled", "sgd", "off", false},
+      {"asgd_no_scaler", "asgd", "none", false},
+  };
+  for (const auto& v : variants) {
+    SCOPED_TRACE(v.name);
+    const std::string pre = v.name + "/";
+    const double norm_type = R(ref, pre + "norm_type").item<double>();
+    std::vector<torch::Tensor> params;
+    for (int i = 0; i < 4; ++i) {
+      params.push_back(R(ref, "init" + std::to_string(i)).clone().requires_grad_());
+    }
+    std::unique_ptr<torch::optim::Optimizer> opt;
+    torchext::optim::ASGD* asgd = nullptr;
+    if (v.opt == "sgd") {
+      opt = std::make_unique<torch::optim::SGD>(params,
+                                                torch::optim::SGDOptions(0.05).momentum(0.9));
+    } else {
+      auto a = std::make_unique<torchext::optim::ASGD>(
+          params,
+          torchext::optim::ASGDOptions(0.05).t0(5).capturable(v.opt == "asgd_capturable"));
+      asgd = a.get();
+      opt = std::move(a);
+    }
+    GradScaler scaler(GradScalerOptions().init_scale(1024).growth_interval(4).enabled(
+        v.scaler == "on"));
+    std::vector<torch::Tensor> norms;
+    std::vector<double> scales;
+    for (int64_t s = 0; s < steps; ++s) {
+      opt->zero_grad();
+      const auto loss = clip_model_loss(params, x, y);
+      if (v.scaler == "none") {
+        loss.backward();
+        norms.push_back(asgd->clip_grad_norm_(max_norm, norm_type));
+        opt->step();
+        continue;
+      }
+      scaler.scale(loss).backward();
+      const std::string bad = "bad_at" + std::to_string(s);
+      if (v.scaler == "on" && ref.count(bad)) {
+        params[0].grad().view(-1)[1] = R(ref, bad).item<float>();
+      }
+      if (v.unscale_first) scaler.unscale_(*opt);
+      norms.push_back(scaler.clip_grad_norm_(*opt, max_norm, norm_type));
+      scaler.step(*opt);
+      scaler.update();
+      scales.push_back(scaler.get_scale());
+    }
+    EXPECT_TRUE(same_bits(torch::stack(norms), R(ref, pre + "norms")));
+    EXPECT_TRUE(torch::equal(torch::tensor(scales, torch::kDouble), R(ref, pre + "scales")))
+        << torch::tensor(scales, torch::kDouble) << R(ref, pre + "scales");
+    EXPECT_EQ(scaler.num_skipped_steps(), R(ref, pre + "skipped").item<int64_t>());
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_TRUE(same_bits(params[i].detach(), R(ref, pre + "param" + std::to_string(i))))
+          << "param" << i;
+    }
+  }
+}
+
+// What the scaler's fused clip leaves: the grads untouched (still scaled)
+// with torchext's ASGD; unscaled and clipped with another optimizer, as
+// torch's recipe leaves them; and the norm stays on the device (0-d, the
+// grads' dtype) with nothing read on the host until step().
+TEST(GradScaler, ClipLeavesTheGradsAsDocumented) {
+  for (const bool fused : {true, false}) {
+    SCOPED_TRACE(fused ? "ASGD" : "SGD");
+    auto w = torch::tensor({3.0f, 4.0f}).requires_grad_();
+    std::unique_ptr<torch::optim::Optimizer> opt;
+    if (fused) {
+      opt = std::make_unique<torchext::optim::ASGD>(std::vector<torch::Tensor>{w});
+    } else {
+      opt = std::make_unique<torch::optim::SGD>(std::vector<torch::Tensor>{w},
+                                                torch::optim::SGDOptions(0.0));
+    }
+    GradScaler scaler(GradScalerOptions().init_scale(8));
+    scaler.scale((w * w).sum() / 2).backward();  // grad = 8 * (3, 4): norm 40, unscaled 5
+    const auto total = scaler.clip_grad_norm_(*opt, 1.0);
+    EXPECT_EQ(total.dim(), 0);
+    EXPECT_EQ(total.scalar_type(), torch::kFloat);
+    EXPECT_EQ(total.item<float>(), 5.0f);
+    EXPECT_TRUE(torch::equal(w.grad(), torch::tensor({24.0f, 32.0f})));  // nothing written yet
+    scaler.step(*opt);
+    scaler.update();
+    if (fused) {
+      EXPECT_TRUE(torch::equal(w.grad(), torch::tensor({24.0f, 32.0f})));
+    } else {  // (3, 4) * 1 / (5 + 1e-6)
+      EXPECT_TRUE(close(w.grad(), torch::tensor({0.6f, 0.8f}), 1e-6));
+    }
+  }
+}
+
+// Misuse and bad input: the clip refuses before it records anything, so
+// the iteration goes on (update() then still finds no inf check recorded).
+TEST(GradScalerBadInput, ClipRefusesAndRecordsNothing) {
+  auto p = torch::ones({3}).requires_grad_();
+  auto q = torch::ones({2}).requires_grad_();
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<torch::Tensor>{p});
+  groups.emplace_back(std::vector<torch::Tensor>{q});
+  torchext::optim::ASGD opt(groups);
+  GradScaler scaler(GradScalerOptions().init_scale(8));
+  EXPECT_THROW_MSG(scaler.clip_grad_norm_(opt, 1.0), "scale(loss or outputs)");
+  scaler.scale((p.sum() + q.sum()) * 2).backward();
+  const auto gp = p.grad().clone();
+  // A bad gradient in the later group (all or nothing over groups).
+  const std::vector<std::pair<torch::Tensor, const char*>> bad = {
+      {torch::ones({2}, torch::kInt), "dtype"},
+      {torch::ones({2}).to_sparse(), "sparse"},
+  };
+  for (const auto& [grad, msg] : bad) {
+    SCOPED_TRACE(msg);
+    q.mutable_grad() = grad;
+    EXPECT_THROW_MSG(scaler.clip_grad_norm_(opt, 1.0), msg);
+    EXPECT_TRUE(torch::equal(p.grad(), gp));
+    EXPECT_THROW_MSG(scaler.update(), "no inf checks were recorded");
+  }
+  q.mutable_grad() = torch::full({2}, 16.0);
+  // error_if_nonfinite reads the norm and refuses a NaN one, recording nothing.
+  p.grad()[0] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THROW_MSG(scaler.clip_grad_norm_(opt, 1.0, 2.0, true), "non-finite");
+  EXPECT_THROW_MSG(scaler.update(), "no inf checks were recorded");
+  EXPECT_TRUE(scaler.clip_grad_norm_(opt, 1.0).isnan().item<bool>());  // as torch's recipe
+  EXPECT_THROW_MSG(scaler.clip_grad_norm_(opt, 1.0), "already been called");
+  EXPECT_TRUE(scaler.step(opt).defined() == false);
+  EXPECT_THROW_MSG(scaler.clip_grad_norm_(opt, 1.0), "after step");
+  scaler.update();
+  EXPECT_EQ(scaler.num_skipped_steps(), 1);
+  EXPECT_TRUE(opt.state().empty());  // the overflowed step was never taken
+  EXPECT_EQ(scaler.get_scale(), 4.0);
+}
+
+// The drop-in torchext::nn::utils::clip_grad_norm_ against LibTorch's own:
+// the same signature and return, the same norm and clipped gradients within
+// fp32 rounding (the norms are summed in another order), and all or nothing
+// on gradients the op refuses, over devices too.
+TEST(ClipGradNorm, DropInMatchesLibTorchs) {
+  for (const double order : {2.0, 1.0, 3.0, std::numeric_limits<double>::infinity()}) {
+    SCOPED_TRACE(order);
+    torch::manual_seed(3);
+    std::vector<torch::Tensor> ours, theirs;
+    for (const auto& shape : std::vector<std::vector<int64_t>>{{7}, {30, 50}, {5, 4}}) {
+      ours.push_back(torch::randn(shape).requires_grad_());
+      ours.back().mutable_grad() = 3 * torch::randn(shape);
+      theirs.push_back(ours.back().detach().clone().requires_grad_());
+      theirs.back().mutable_grad() = ours.back().grad().clone();
+    }
+    const double got = torchext::nn::utils::clip_grad_norm_(ours, 1.0, order);
+    const double want = torch::nn::utils::clip_grad_norm_(theirs, 1.0, order);
+    ASSERT_GT(want, 1.0);  // clipping active
+    EXPECT_NEAR(got, want, 1e-6 * want);
+    for (size_t i = 0; i < ours.size(); ++i) {
+      EXPECT_TRUE(close(ours[i].grad(), theirs[i].grad(), 1e-6)) << i;
+    }
+  }
+  auto w = torch::ones({2}).requires_grad_();
+  EXPECT_EQ(torchext::nn::utils::clip_grad_norm_(w, 1.0), 0.0);  // no gradient
+  w.mutable_grad() = torch::full({2}, 3.0f);
+  EXPECT_NEAR(torchext::nn::utils::clip_grad_norm_({w}, 1.0, 1.0), 6.0, 1e-6);
+  EXPECT_TRUE(close(w.grad(), torch::full({2}, 0.5f), 1e-6));
+  w.grad()[0] = std::numeric_limits<float>::infinity();
+  const auto g = w.grad().clone();
+  EXPECT_THROW_MSG(torchext::nn::utils::clip_grad_norm_(w, 1.0, 2.0, true), "non-finite");
+  EXPECT_TRUE(torch::equal(w.grad(), g));
+  // A bad gradient on another device (meta: validated, never read).
+  w.mutable_grad() = torch::full({2}, 3.0f);
+  auto m = torch::ones({2}, torch::kMeta).requires_grad_();
+  m.mutable_grad() = torch::ones({2}, torch::TensorOptions().dtype(torch::kInt).device(torch::kMeta));
+  EXPECT_THROW_MSG(torchext::nn::utils::clip_grad_norm_({w, m}, 1.0), "dtype");
+  EXPECT_TRUE(torch::equal(w.grad(), torch::full({2}, 3.0f)));
+}

@@ -5,6 +5,7 @@
 
 #include "../ops/asgd.h"
 #include "asgd_state.h"
+#include "clip_grad.h"
 #include "device_groups.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -394,7 +395,32 @@ bool ASGD::amp_step_must_not_sync() const {
   return true;
 }
 
+torch::Tensor ASGD::clip_grad_norm_(double max_norm, double norm_type, bool error_if_nonfinite) {
+  at::NoGradGuard no_grad;
+  const auto grads = api::grads_of(*this);
+  if (grads.empty()) return at::zeros({});  // torch's clip of no gradients
+  const auto total = api::total_norm(api::norms_calls_by_device(grads), norm_type);
+  api::check_nonfinite(total, norm_type, error_if_nonfinite);
+  clip_coef_ = api::clip_coef(total, max_norm);
+  return total;
+}
+
 void ASGD::step_impl(const torch::Tensor* grad_scale, const torch::Tensor* found_inf) {
+  if (!clip_coef_.defined()) {
+    step_groups(grad_scale, found_inf);
+    return;
+  }
+  // clip_grad_norm_'s coefficient divided into the scale the op divides by
+  // (grads * coef on the fly, never rewritten), as Python's ASGD.step.
+  const auto coef = clip_coef_.to(at::kFloat);
+  const auto folded = grad_scale == nullptr
+                          ? coef.reciprocal()
+                          : *grad_scale / coef.to(grad_scale->device(), /*non_blocking=*/true);
+  step_groups(&folded, found_inf);
+  clip_coef_ = torch::Tensor();  // used once (a refused step throws before this)
+}
+
+void ASGD::step_groups(const torch::Tensor* grad_scale, const torch::Tensor* found_inf) {
   TORCH_CHECK(!averaged_in_, "ASGD.step: the parameters hold their averages (an "
               "AveragedParameters guard is alive); step after it goes out of scope");
   at::NoGradGuard no_grad;

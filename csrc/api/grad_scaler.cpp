@@ -1,17 +1,15 @@
-// torchext::amp::GradScaler (LibTorch), on the torchext AMP ops called
-// through the dispatcher.
+// torchext::amp::GradScaler (LibTorch), on the torchext AMP ops (and
+// tensor_norms for clip_grad_norm_) called through the dispatcher.
 #include <torchext/torchext.h>
 
 #include "../ops/amp.h"
+#include "capture.h"
+#include "clip_grad.h"
 #include "device_groups.h"
+#include "op_handles.h"
 
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
-
-#ifdef TORCHEXT_WITH_CUDA
-#include <c10/cuda/CUDAGraphsC10Utils.h>
-#endif
 
 #include <cmath>
 
@@ -19,28 +17,9 @@ namespace torchext {
 namespace amp {
 namespace {
 
-using CheckFiniteOp = void(at::TensorList, const at::Tensor&);
-using UnscaleOp = void(at::TensorList, const at::Tensor&, const at::Tensor&);
-using UpdateScaleOp = void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                           const at::Tensor&, double, double, int64_t, int64_t,
-                           std::optional<double>, std::optional<double>);
-
-template <typename Sig>
-c10::TypedOperatorHandle<Sig> find_op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
-}
-const c10::TypedOperatorHandle<CheckFiniteOp>& check_finite_op() {
-  static const auto op = find_op<CheckFiniteOp>("torchext::check_finite_");
-  return op;
-}
-const c10::TypedOperatorHandle<UnscaleOp>& unscale_op() {
-  static const auto op = find_op<UnscaleOp>("torchext::unscale_");
-  return op;
-}
-const c10::TypedOperatorHandle<UpdateScaleOp>& update_scale_op() {
-  static const auto op = find_op<UpdateScaleOp>("torchext::update_scale_");
-  return op;
-}
+using api::check_finite_op;
+using api::unscale_op;
+using api::update_scale_op;
 
 // The gradients of an optimizer (every group), grouped by device, each with
 // a fresh found_inf on its device.
@@ -50,12 +29,7 @@ struct DeviceGrads {
   at::Tensor found_inf;
 };
 std::vector<DeviceGrads> grads_by_device(const torch::optim::Optimizer& optimizer) {
-  std::vector<at::Tensor> grads;
-  for (const auto& group : optimizer.param_groups()) {
-    for (const auto& p : group.params()) {
-      if (p.grad().defined()) grads.push_back(p.grad());
-    }
-  }
+  const auto grads = api::grads_of(optimizer);
   std::vector<DeviceGrads> out;
   for (const auto& [device, idx] : api::index_by_device(grads)) {
     out.push_back({device, api::pick(grads, idx),
@@ -81,19 +55,6 @@ void validate(const GradScalerOptions& o) {
   const auto f = at::zeros({}, at::kFloat), i = at::zeros({}, at::kInt);
   check_update_scale_args(f, i, i, f, o.growth_factor(), o.backoff_factor(),
                           o.growth_interval(), o.hysteresis(), o.min_scale(), o.max_scale());
-}
-
-// Whether a CUDA graph is being captured on the current stream of `on`'s
-// device (Python's torch.cuda.is_current_stream_capturing()): then no host
-// read may happen and the skip is decided on the device.
-bool capturing(const at::Tensor& on) {
-#ifdef TORCHEXT_WITH_CUDA
-  if (on.is_cuda()) {
-    return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
-  }
-#endif
-  (void)on;
-  return false;
 }
 
 }  // namespace
@@ -167,6 +128,53 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   st.stage = Stage::kUnscaled;
 }
 
+torch::Tensor GradScaler::clip_grad_norm_(torch::optim::Optimizer& optimizer, double max_norm,
+                                          double norm_type, bool error_if_nonfinite) {
+  if (!options_.enabled()) {
+    // Nothing is scaled: torchext's ASGD folds the clip into its next step,
+    // any other optimizer's gradients are clipped in place.
+    if (auto* asgd = dynamic_cast<optim::ASGD*>(&optimizer)) {
+      return asgd->clip_grad_norm_(max_norm, norm_type, error_if_nonfinite);
+    }
+    std::vector<at::Tensor> params;
+    for (const auto& group : optimizer.param_groups()) {
+      params.insert(params.end(), group.params().begin(), group.params().end());
+    }
+    return api::clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite);
+  }
+  check_scale_created("clip_grad_norm_");
+  auto found = per_optimizer_.find(&optimizer);
+  PerOptimizer next = found == per_optimizer_.end() ? PerOptimizer{} : found->second;
+  TORCH_CHECK(next.stage != Stage::kStepped,
+              "GradScaler.clip_grad_norm_() is being called after step().");
+  TORCH_CHECK(!next.clipped,
+              "GradScaler.clip_grad_norm_() has already been called on this optimizer since the "
+              "last update().");
+  at::NoGradGuard no_grad;
+  auto per_device = grads_by_device(optimizer);
+  if (per_device.empty()) return at::zeros({});  // torch's clip of no gradients
+  // After unscale_() the norms of the grads as they are (found_inf was
+  // recorded then); else of grads * inv_scale, with the inf/NaN check in the
+  // same read. torch: inv_scale = scale.double().reciprocal().float()
+  const bool unscaled = next.stage == Stage::kUnscaled;
+  std::vector<api::NormsCall> calls;
+  for (const auto& d : per_device) calls.push_back({d.grads, std::nullopt, std::nullopt});
+  if (!unscaled) {
+    const auto inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
+    for (const auto i : c10::irange(calls.size())) {
+      calls[i].inv_scale = inv_scale.to(per_device[i].device, /*non_blocking=*/true);
+      calls[i].found_inf = per_device[i].found_inf;
+    }
+  }
+  const auto total = api::total_norm(calls, norm_type);  // every device checked first
+  api::check_nonfinite(total, norm_type, error_if_nonfinite);
+  next.clip_coef = api::clip_coef(total, max_norm);
+  next.clipped = true;
+  if (!unscaled) next.found_inf_per_device = found_infs(per_device);
+  per_optimizer_[&optimizer] = std::move(next);  // recorded once nothing can refuse
+  return total;
+}
+
 torch::Tensor GradScaler::combined_found_inf(const PerOptimizer& s) const {
   auto total = at::zeros({}, scale_.options().dtype(at::kFloat));
   for (const auto& [device, f] : s.found_inf_per_device) {
@@ -186,9 +194,10 @@ torch::Tensor GradScaler::step(torch::optim::Optimizer& optimizer) {
               "GradScaler.step() has already been called since the last update().");
   if (auto* fused = dynamic_cast<FusedAmpStep*>(&optimizer)) {
     // The fused step (fused_step.h, Python's protocol.py): a read-only check
-    // unless unscale_() checked already, then the optimizer unscales on the fly.
+    // unless unscale_() or clip_grad_norm_() checked already, then the
+    // optimizer unscales (and clips) on the fly.
     const bool unscaled = next.stage == Stage::kUnscaled;
-    if (!unscaled) {
+    if (!unscaled && !next.clipped) {
       at::NoGradGuard no_grad;
       auto per_device = grads_by_device(optimizer);
       for (const auto& d : per_device) check_amp_tensors("check_finite_", d.grads, d.found_inf);
@@ -199,18 +208,38 @@ torch::Tensor GradScaler::step(torch::optim::Optimizer& optimizer) {
                 "GradScaler.step: no inf checks were recorded for this optimizer (no parameter "
                 "has a gradient).");
     const auto found_inf = combined_found_inf(next);
-    const bool device_skip = fused->amp_step_must_not_sync() || capturing(scale_);
+    const bool device_skip = fused->amp_step_must_not_sync() || api::capturing(scale_);
     torch::Tensor ret;
     // Not called on an overflow (one host read), unless no host read may happen.
     if (device_skip || found_inf.item<double>() == 0.0) {
-      ret = fused->step_with_amp(unscaled ? torch::Tensor() : scale_,
-                                 device_skip ? found_inf : torch::Tensor());
+      torch::Tensor grad_scale = unscaled ? torch::Tensor() : scale_;
+      if (next.clip_coef.defined()) {
+        // The clip folded in (DeepSpeed's "combined scale"): the optimizer
+        // divides by scale / coef (by 1 / coef after unscale_()).
+        const auto coef = next.clip_coef.to(scale_.device(), /*non_blocking=*/true);
+        grad_scale = (unscaled ? coef.reciprocal() : scale_ / coef).to(at::kFloat);
+      }
+      ret = fused->step_with_amp(grad_scale, device_skip ? found_inf : torch::Tensor());
     }
     next.stage = Stage::kStepped;
     per_optimizer_[&optimizer] = std::move(next);
     return ret;
   }
-  if (next.stage == Stage::kReady) unscale_(optimizer);
+  if (next.clip_coef.defined()) {
+    // clip_grad_norm_()'s coefficient: the gradients unscaled and clipped in
+    // one pass (only clipped after unscale_()), as torch's recipe leaves them.
+    at::NoGradGuard no_grad;
+    const auto coef = next.clip_coef.to(scale_.device());
+    const auto factor = next.stage == Stage::kUnscaled
+                            ? coef
+                            : scale_.to(at::kDouble).reciprocal() * coef;
+    api::multiply_(api::grads_of(optimizer), factor.to(at::kFloat));
+    auto& st = per_optimizer_.at(&optimizer);
+    st.stage = Stage::kUnscaled;
+    st.clip_coef = torch::Tensor();  // applied: a retried step does not apply it again
+  } else if (next.stage == Stage::kReady) {
+    unscale_(optimizer);
+  }
   auto& st = per_optimizer_.at(&optimizer);
   TORCH_CHECK(!st.found_inf_per_device.empty(),
               "GradScaler.step: no inf checks were recorded for this optimizer (no parameter "

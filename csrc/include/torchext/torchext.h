@@ -1,11 +1,13 @@
 // The whole torchext C++ API:
 //   torchext::optim::ASGD / ASGDOptions   (torchext/optim/asgd.h)
 //   torchext::amp::GradScaler / Options   (torchext/amp/grad_scaler.h)
+//   torchext::nn::utils::clip_grad_norm_  (torchext/nn/clip_grad.h)
 // Linking the torchext library registers the torch.ops.torchext.* custom
 // ops, so TorchScript modules and AOTInductor packages that call them load.
 #pragma once
 
 #include <torchext/amp/grad_scaler.h>
+#include <torchext/nn/clip_grad.h>
 #include <torchext/optim/asgd.h>
 #include <torchext/optim/averaging.h>
 

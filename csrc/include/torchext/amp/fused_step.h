@@ -38,7 +38,9 @@ class TORCHEXT_API FusedAmpStep {
 
   // One step with the scaler's records:
   // - grad_scale: divide the gradients by it on the fly (float32, 1 element);
-  //   undefined when they were unscaled already (GradScaler::unscale_).
+  //   undefined when they were unscaled already (GradScaler::unscale_). A
+  //   clip from GradScaler::clip_grad_norm_ is folded in: scale / coef (1 /
+  //   coef after unscale_), so the step also clips.
   // - found_inf: undefined when the scaler checked on the host that the
   //   gradients are finite; else a 1-element float32 tensor, and the step
   //   must change nothing when it is nonzero (decided on the device).

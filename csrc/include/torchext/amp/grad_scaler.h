@@ -12,8 +12,9 @@
 // torchext/amp/fused_step.h (Python: torchext/amp/protocol.py): an optimizer
 // implementing FusedAmpStep (torchext::optim::ASGD) gets a read-only check
 // and a step that unscales on the fly; any other optimizer is unscaled in
-// place. Either way found_inf is read on the host once and the step is not
-// called on an overflow, unless the optimizer says no host read may happen
+// place. clip_grad_norm_() folds a gradient clip into that step. Either way
+// found_inf is read on the host once and the step is not called on an
+// overflow, unless the optimizer says no host read may happen
 // (FusedAmpStep::amp_step_must_not_sync(): ASGD with capturable=true in every
 // group) or a CUDA graph is being captured: then it is always called and
 // skips on the device.
@@ -70,6 +71,26 @@ class TORCHEXT_API GradScaler {
   // once per optimizer between update()s, and not after step().
   void unscale_(torch::optim::Optimizer& optimizer);
 
+  // unscale_(optimizer) + torch::nn::utils::clip_grad_norm_ over the
+  // optimizer's gradients, fused (Python's GradScaler.clip_grad_norm_): one
+  // read of the gradients, no write, no host sync (unless
+  // error_if_nonfinite). Returns the total norm of the unscaled gradients
+  // (0-d, their dtype, the first gradient's device; inf/NaN on an overflow,
+  // as torch's recipe returns; a float 0 on the CPU with no gradient) and
+  // records the inf/NaN check. The clip coefficient
+  // min(max_norm / (total + 1e-6), 1) stays on the device and the next
+  // step() applies it: an optimizer implementing FusedAmpStep (torchext's
+  // ASGD) gets grad_scale = scale / coef and unscales and clips on the fly,
+  // so its gradients are never rewritten (still scaled after the step); any
+  // other optimizer gets its gradients unscaled and clipped in one pass
+  // before its step(), as torch's recipe leaves them. After unscale_() only
+  // the coefficient is folded in. At most once per optimizer between
+  // update()s, and not after step(). A disabled scaler clips as
+  // ASGD::clip_grad_norm_ (torchext's ASGD) or in place (the drop-in,
+  // torchext/nn/clip_grad.h).
+  torch::Tensor clip_grad_norm_(torch::optim::Optimizer& optimizer, double max_norm,
+                                double norm_type = 2.0, bool error_if_nonfinite = false);
+
   // Steps the optimizer unless the gradients overflowed (fused_step.h).
   // Returns what the optimizer's step (step() or step_with_amp()) returned,
   // or an undefined tensor when it was not called (an overflow, read on the
@@ -120,6 +141,8 @@ class TORCHEXT_API GradScaler {
   struct PerOptimizer {
     Stage stage = Stage::kReady;
     std::vector<std::pair<c10::Device, torch::Tensor>> found_inf_per_device;
+    bool clipped = false;      // clip_grad_norm_() ran since the last update()
+    torch::Tensor clip_coef;   // its coefficient, until a step applies it
   };
 
   void check_scale_created(const char* where) const;

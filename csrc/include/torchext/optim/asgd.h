@@ -127,6 +127,20 @@ class TORCHEXT_API ASGD : public torch::optim::Optimizer, public amp::FusedAmpSt
   // the host and always calls step_with_amp.
   bool amp_step_must_not_sync() const override;
 
+  // torch::nn::utils::clip_grad_norm_ over every parameter of this
+  // optimizer, folded into the next step (Python's ASGD.clip_grad_norm_):
+  // returns the same total norm (0-d, the gradients' dtype, the first
+  // gradient's device; a float 0 on the CPU with no gradient) from one fused
+  // read of the gradients, and the next step (step() or step_with_amp())
+  // multiplies each gradient by the clip coefficient
+  // min(max_norm / (total + 1e-6), 1) on the fly, through the grad_scale it
+  // divides by, instead of a pass that rewrites them: the gradients are left
+  // as they are. No host sync unless error_if_nonfinite. Used by the next
+  // step only (a refused step keeps it). With a GradScaler use
+  // GradScaler::clip_grad_norm_: these gradients are scaled.
+  torch::Tensor clip_grad_norm_(double max_norm, double norm_type = 2.0,
+                                bool error_if_nonfinite = false);
+
   // Hides Optimizer::add_param_group (not virtual), which replaces the
   // options of a group with the defaults for optimizer types it does not
   // know. A group without options takes a copy of the defaults; a group with
@@ -154,7 +168,10 @@ class TORCHEXT_API ASGD : public torch::optim::Optimizer, public amp::FusedAmpSt
  private:
   friend class AveragedParameters;
   bool averaged_in_ = false;  // a guard is alive: step() refuses
+  torch::Tensor clip_coef_;   // clip_grad_norm_'s coefficient, until a step uses it
+  // The step: folds in clip_coef_, then step_groups.
   void step_impl(const torch::Tensor* grad_scale, const torch::Tensor* found_inf);
+  void step_groups(const torch::Tensor* grad_scale, const torch::Tensor* found_inf);
 };
 
 }  // namespace optim

@@ -1,0 +1,126 @@
+// Gradient clipping by norm (csrc/api/clip_grad.h), on the tensor_norms and
+// unscale_ ops called through the dispatcher. Between the op calls, the
+// arithmetic is Python's (torchext/nn/utils/clip_grad.py), each Python
+// operator written as the ATen call it makes, so the two give the same bits.
+#include "clip_grad.h"
+
+#include <torchext/nn/clip_grad.h>
+
+#include "../ops/amp.h"
+#include "../ops/norms.h"
+#include "capture.h"
+#include "device_groups.h"
+#include "op_handles.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/autograd.h>
+
+namespace torchext {
+namespace api {
+
+at::Tensor total_norm(const std::vector<NormsCall>& calls, double norm_type) {
+  TORCH_INTERNAL_ASSERT(!calls.empty());
+  for (const auto& c : calls) {
+    check_tensor_norms_args(c.tensors, norm_type, c.inv_scale, c.found_inf);
+  }
+  const c10::Device device = calls.front().tensors.front().device();
+  std::vector<at::Tensor> norms;
+  for (const auto& c : calls) {
+    norms.push_back(
+        tensor_norms_op().call(c.tensors, norm_type, c.inv_scale, c.found_inf).to(device));
+  }
+  // torch.linalg.vector_norm(torch.cat(norms), norm_type)
+  return at::linalg_vector_norm(at::cat(norms), norm_type);
+}
+
+void check_nonfinite(const at::Tensor& total_norm, double norm_type, bool error_if_nonfinite) {
+  if (!error_if_nonfinite) return;
+  TORCH_CHECK(!capturing(total_norm),
+              "error_if_nonfinite=true reads the total norm on the host, which cannot happen "
+              "inside a CUDA-graph capture; pass error_if_nonfinite=false there (a non-finite "
+              "norm then clips with a coefficient of 0 or NaN, as in torch)");
+  TORCH_CHECK(!at::logical_or(total_norm.isnan(), total_norm.isinf()).item<bool>(),
+              "The total norm of order ", norm_type, " for gradients from `parameters` is "
+              "non-finite, so it cannot be clipped. To disable this error and scale the "
+              "gradients by the non-finite norm anyway, set `error_if_nonfinite=false`");
+}
+
+at::Tensor clip_coef(const at::Tensor& total_norm, double max_norm) {
+  // Python's `max_norm / (total_norm + 1e-6)` is Tensor.__rtruediv__:
+  // reciprocal() * max_norm (not ATen's Scalar / Tensor, a division).
+  return at::clamp((total_norm + 1e-6).reciprocal() * max_norm, std::nullopt, 1.0);
+}
+
+void multiply_(const std::vector<at::Tensor>& tensors, const at::Tensor& factor) {
+  const bool float64 = factor.scalar_type() == at::kDouble;
+  struct Pass {
+    std::vector<at::Tensor> tensors;
+    at::Tensor factor, found_inf;  // found_inf: unscale_'s flag, read by nobody
+  };
+  std::vector<Pass> passes;
+  for (const auto& [device, idx] : index_by_device(tensors)) {
+    Pass p{pick(tensors, idx), {}, {}};
+    if (float64) {
+      p.factor = factor.to(device, /*non_blocking=*/true);
+    } else {
+      p.factor = factor.to(device, at::kFloat, /*non_blocking=*/true);
+      p.found_inf = at::zeros_like(p.factor);
+      check_unscale_args(p.tensors, p.found_inf, p.factor);
+    }
+    passes.push_back(std::move(p));
+  }
+  for (const auto& p : passes) {
+    if (float64) {
+      at::_foreach_mul_(p.tensors, p.factor);
+    } else {
+      unscale_op().call(p.tensors, p.found_inf, p.factor);
+    }
+  }
+}
+
+std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> grads;
+  for (const auto& p : params) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  return grads;
+}
+
+std::vector<at::Tensor> grads_of(const torch::optim::Optimizer& optimizer) {
+  std::vector<at::Tensor> grads;
+  for (const auto& group : optimizer.param_groups()) {
+    const auto g = grads_of(group.params());
+    grads.insert(grads.end(), g.begin(), g.end());
+  }
+  return grads;
+}
+
+std::vector<NormsCall> norms_calls_by_device(const std::vector<at::Tensor>& tensors) {
+  std::vector<NormsCall> calls;
+  for (const auto& [device, idx] : index_by_device(tensors)) {
+    calls.push_back({pick(tensors, idx), std::nullopt, std::nullopt});
+  }
+  return calls;
+}
+
+at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm,
+                           double norm_type, bool error_if_nonfinite) {
+  at::NoGradGuard no_grad;
+  const auto grads = grads_of(params);
+  if (grads.empty()) return at::zeros({});  // torch's tensor(0.)
+  const auto total = total_norm(norms_calls_by_device(grads), norm_type);
+  check_nonfinite(total, norm_type, error_if_nonfinite);
+  multiply_(grads, clip_coef(total, max_norm));
+  return total;
+}
+
+}  // namespace api
+
+double nn::utils::clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_norm,
+                                  double norm_type, bool error_if_nonfinite) {
+  return api::clip_grad_norm_(parameters, max_norm, norm_type, error_if_nonfinite)
+      .item<double>();
+}
+
+}  // namespace torchext
