@@ -133,6 +133,37 @@ struct ASGDHolder : torch::CustomClassHolder {
     op.callBoxed(&stack);
     return found_inf;
   }
+
+  // GradScaler.clip_grad_norm_'s one read of the held params' grads
+  // (torchext::tensor_norms), without a list from Python: their norms (of
+  // the unscaled grads with inv_scale) and, when `check`, the inf/NaN check
+  // into found_inf (made here, as check_finite does, when none is passed).
+  // Returns [norms, found_inf] ([norms] without the check; [] when no param
+  // has a grad).
+  std::vector<at::Tensor> norms(double ord, const std::optional<at::Tensor>& inv_scale,
+                                const std::optional<at::Tensor>& found_inf_, bool check) {
+    c10::List<at::Tensor> present;
+    present.reserve(param_vec.size());
+    for (const auto& p : param_vec) {
+      const at::Tensor& g = p.grad();
+      if (g.defined()) present.push_back(g);
+    }
+    if (present.empty()) return {};
+    std::optional<at::Tensor> found_inf;
+    if (check) {
+      found_inf = found_inf_.has_value()
+          ? *found_inf_
+          : at::zeros({}, present.get(0).options().dtype(at::kFloat));
+    }
+    static const auto op =
+        c10::Dispatcher::singleton().findSchemaOrThrow("torchext::tensor_norms", "");
+    torch::jit::Stack stack;
+    torch::jit::push(stack, std::move(present), ord, inv_scale, found_inf);
+    op.callBoxed(&stack);
+    std::vector<at::Tensor> out{stack.back().toTensor()};
+    if (found_inf) out.push_back(*found_inf);
+    return out;
+  }
 };
 
 }  // namespace
@@ -143,7 +174,8 @@ TORCH_LIBRARY_FRAGMENT(torchext, m) {
                        at::Tensor, at::Tensor, at::Tensor>())
       .def("set_ax", &ASGDHolder::set_ax)
       .def("run", &ASGDHolder::run)
-      .def("check_finite", &ASGDHolder::check_finite);
+      .def("check_finite", &ASGDHolder::check_finite)
+      .def("norms", &ASGDHolder::norms);
 }
 
 }  // namespace torchext

@@ -336,6 +336,18 @@ class GradScaler(torch.amp.GradScaler):
                                "since the last update().")
         norm_type = float(norm_type)
         unscaled = stage is OptState.UNSCALED
+        inv_scale = None if unscaled else self._scale.double().reciprocal().float()
+        # Nothing below writes anything the scaler keeps until the end: a
+        # refused call (bad grads, error_if_nonfinite) records nothing.
+        own = protocol.fused_norms(optimizer, norm_type, inv_scale)
+        if own is not None:  # torchext's ASGD: through its C++ holders
+            norms, found_per_device = own
+            if not norms:
+                return torch.tensor(0.0)  # torch's clip of no gradients
+            with torch.no_grad():
+                total = _clip.total_norm_of(norms, norm_type, norms[0].device)
+            return self._record_clip(optimizer, state, total, max_norm, norm_type,
+                                     error_if_nonfinite, found_per_device, sharded=False)
         grads = GradsByDevice(optimizer, allow_fp16=unscaled or self._allow_fp16)
         if grads.sparse:
             # Sparse values are no dense norm input: torch's recipe, unfused.
@@ -351,9 +363,7 @@ class GradScaler(torch.amp.GradScaler):
         lists = grads.lists
         if grads.sharded:  # an empty local shard adds nothing to the global norm
             lists = {d: [t for t in ts if t.numel()] for d, ts in lists.items()}
-        _clip.validate_norms(list(lists.values()), norm_type, check=not unscaled)
-        inv_scale = None if unscaled else self._scale.double().reciprocal().float()
-        found_per_device: dict[torch.device, Tensor] = {}
+        found_per_device: dict[torch.device, Tensor] | None = None if unscaled else {}
         norms = []
         with torch.no_grad():
             for device, tensors in lists.items():
@@ -365,10 +375,18 @@ class GradScaler(torch.amp.GradScaler):
             total = _clip.total_norm_of(norms, norm_type, next(iter(lists)))
             if grads.sharded:
                 total = _clip.reduce_sharded(total, norm_type, self._sharded_group())
-            _clip.check_nonfinite(total, norm_type, error_if_nonfinite)
+        return self._record_clip(optimizer, state, total, max_norm, norm_type,
+                                 error_if_nonfinite, found_per_device, grads.sharded)
+
+    def _record_clip(self, optimizer, state, total, max_norm, norm_type, error_if_nonfinite,
+                     found_per_device, sharded):
+        """The clip's end: the host check torch's error_if_nonfinite asks for,
+        then the coefficient and (grads still scaled) found_inf recorded."""
+        _clip.check_nonfinite(total, norm_type, error_if_nonfinite)
+        with torch.no_grad():
             coef = _clip.clip_coef(total, max_norm)
-        if not unscaled:
-            self._sync_found_inf(found_per_device, grads.sharded)
+        if found_per_device is not None:
+            self._sync_found_inf(found_per_device, sharded)
             state["found_inf_per_device"] = found_per_device
         state["clip_coef"] = coef
         self._per_optimizer_states[id(optimizer)] = state

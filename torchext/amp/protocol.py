@@ -24,6 +24,12 @@ An optimizer opts into the fused step for **torchext's** scaler by defining
   gather the gradients itself. torchext's ASGD checks through the C++
   holders of its state (no list from Python).
 
+* optionally ``_torchext_amp_norms(self, norm_type, inv_scale)``: the read
+  of ``GradScaler.clip_grad_norm_``: ``(norms, found_inf per device)``, the
+  per-tensor norms of every gradient (a list of 1-D tensors; of the unscaled
+  gradients with ``inv_scale``, and then with the inf/NaN check of the same
+  read), or None to let the scaler gather the gradients itself.
+
 Even then torchext's scaler reads ``found_inf`` on the host and does not call
 ``step()`` on an overflow, as torch does for plain optimizers, unless no host
 read may happen:
@@ -51,11 +57,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["STEP", "CHECK", "takes_grad_scale", "must_not_sync", "fused_check"]
+__all__ = ["STEP", "CHECK", "NORMS", "takes_grad_scale", "must_not_sync", "fused_check",
+           "fused_norms"]
 
 #: The protocol's names (single underscore, as torch's own
 #: ``_step_supports_amp_scaling``).
-STEP, CHECK = "_torchext_amp_step", "_torchext_amp_check"
+STEP, CHECK, NORMS = "_torchext_amp_step", "_torchext_amp_check", "_torchext_amp_norms"
 
 
 def takes_grad_scale(optimizer: Any) -> bool:
@@ -79,3 +86,9 @@ def fused_check(optimizer: Any) -> dict[torch.device, Tensor] | None:
     """The optimizer's own read-only check, when it has one."""
     check = getattr(optimizer, CHECK, None)
     return None if check is None else check()
+
+
+def fused_norms(optimizer: Any, norm_type: float, inv_scale: Tensor | None):
+    """The optimizer's own read for the clip, when it has one."""
+    norms = getattr(optimizer, NORMS, None)
+    return None if norms is None else norms(norm_type, inv_scale)

@@ -146,14 +146,14 @@ class SlotGroup:
     """The params of one param group on one device with one t0: what one op
     call steps. ``axs[i]`` is None while ``params[i]`` has no state."""
     __slots__ = ("device", "t0", "params", "axs", "mus", "etas", "steps", "views", "native",
-                 "native_run", "native_check", "plain", "_args_key", "_args")
+                 "native_run", "native_check", "native_norms", "plain", "_args_key", "_args")
 
     def __init__(self, device: torch.device, t0: float, params: list[Tensor]) -> None:
         self.device = device
         self.t0 = t0
         self.params = params
         self.axs: list[Tensor | None] = [None] * len(params)
-        self.native = self.native_run = self.native_check = None
+        self.native = self.native_run = self.native_check = self.native_norms = None
         self.plain = all(type(p) in _PLAIN for p in params)
         self._args_key = None
         self._args = None
@@ -221,6 +221,7 @@ class SlotGroup:
             native = torch.classes.torchext.ASGDHolder(
                 self.params, self.axs, self.mus, self.etas, self.steps)
             self.native_run, self.native_check = native.run, native.check_finite
+            self.native_norms = native.norms
             self.native = native
         return self.native
 

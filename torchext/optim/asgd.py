@@ -175,6 +175,33 @@ class ASGD(GroupsAlias, Optimizer):
                 found[sg.device] = sg.native_check(found.get(sg.device))
         return found
 
+    def _torchext_amp_norms(self, norm_type: float, inv_scale: Tensor | None):
+        """GradScaler.clip_grad_norm_'s one read of every grad, through the
+        C++ holders (no list from Python): (the per-tensor norms, one tensor
+        per slot group, first the one holding the first param; found_inf per
+        device from the same read, or None without ``inv_scale``), or None
+        where ``_torchext_amp_check`` would be None (the scaler then gathers
+        the grads itself)."""
+        if torch.compiler.is_compiling():
+            return None
+        slots = self._slots()
+        for pgs in slots:
+            if not pgs.native_ok or pgs.on_meta:
+                return None
+        check = inv_scale is not None
+        norms: list[Tensor] = []
+        found: dict[torch.device, Tensor] = {}
+        for pgs in slots:
+            for sg in pgs.slot_groups:
+                sg.holder()
+                out = sg.native_norms(norm_type, _devices.on_device(inv_scale, sg.device),
+                                      found.get(sg.device), check)
+                if out:
+                    norms.append(out[0])
+                    if check:
+                        found[sg.device] = out[1]
+        return norms, (found if check else None)
+
     # -------------------------------------------------------------- clipping
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,

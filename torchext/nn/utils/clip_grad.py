@@ -102,16 +102,6 @@ def reduce_sharded(total_norm: Tensor, norm_type: float, group) -> Tensor:
     return (partial ** (1.0 / norm_type)).to(total_norm.dtype)
 
 
-def validate_norms(lists: list[list[Tensor]], norm_type: float, check: bool = False) -> None:
-    """The op's checks of every device's list but the first (which the op
-    checks in full before it reads), on meta shadows: a list refused on a
-    later device is refused before anything was computed or recorded."""
-    found = torch.zeros((), device="meta") if check else None
-    for ts in lists[1:]:
-        torch.ops.torchext.tensor_norms([torch.empty_like(t, device="meta") for t in ts],
-                                        norm_type, None, found)
-
-
 def norms_of(tensors: list[Tensor], norm_type: float, device: torch.device,
              inv_scale: Tensor | None = None, found_inf: Tensor | None = None) -> Tensor:
     """One device's per-tensor norms (``tensor_norms``); for no tensors (a
@@ -125,12 +115,29 @@ def norms_of(tensors: list[Tensor], norm_type: float, device: torch.device,
 
 
 def device_norms(tensors: list[Tensor], norm_type: float) -> dict[torch.device, Tensor]:
-    """Per device, the per-tensor norms of ``tensors`` (one op call each),
-    every device's list checked before the first is read."""
-    by_device = {d: _devices.pick(tensors, idx)
-                 for d, idx in _devices.indices_by_device(tensors).items()}
-    validate_norms(list(by_device.values()), norm_type)
-    return {d: norms_of(ts, norm_type, d) for d, ts in by_device.items()}
+    """Per device, the per-tensor norms of ``tensors`` (one op call each).
+    They write nothing, so a list refused on a later device has changed
+    nothing either."""
+    return {d: norms_of(_devices.pick(tensors, idx), norm_type, d)
+            for d, idx in _devices.indices_by_device(tensors).items()}
+
+
+def _one_call_norms(tensors: list[Tensor], norm_type: float,
+                    foreach: bool | None) -> Tensor | None:
+    """The per-tensor norms in one op call, which checks the whole list in
+    C++ (no Python pass over the tensors: at 10,000 small gradients each
+    such pass costs as much as the norms); None when the op refuses the list
+    as a whole (several devices, DTensor or sparse gradients, an empty one
+    with an order that has no identity...): the grouped path then serves it,
+    or raises the error torch raises. Not while torch.compile traces."""
+    if torch.compiler.is_compiling():
+        return None
+    try:
+        norms = torch.ops.torchext.tensor_norms(tensors, norm_type)
+    except (RuntimeError, TypeError, ValueError, NotImplementedError):
+        return None
+    _refuse_foreach(tensors[:1], foreach)
+    return norms
 
 
 def multiply_(tensors: list[Tensor], factor: Tensor) -> None:
@@ -148,6 +155,22 @@ def multiply_(tensors: list[Tensor], factor: Tensor) -> None:
         torch.ops.torchext.unscale_(ts, torch.zeros_like(f), f)
 
 
+def _one_call_multiply_(grads: list[Tensor], factor: Tensor, foreach: bool | None) -> bool:
+    """grads *= factor in one ``unscale_`` call when the op takes the whole
+    list (it checks every tensor before it writes any); False, having
+    written nothing, when it does not."""
+    if (torch.compiler.is_compiling() or type(factor) is not Tensor
+            or factor.dtype == torch.float64):
+        return False
+    f = factor.to(device=grads[0].device, dtype=torch.float32, non_blocking=True)
+    try:
+        torch.ops.torchext.unscale_(grads, torch.zeros_like(f), f)
+    except (RuntimeError, TypeError, ValueError, NotImplementedError):
+        return False
+    _refuse_foreach(grads[:1], foreach)
+    return True
+
+
 @torch.no_grad()
 def get_total_norm(tensors: _TensorOrTensors, norm_type: float = 2.0,
                    error_if_nonfinite: bool = False, foreach: bool | None = None) -> Tensor:
@@ -156,6 +179,11 @@ def get_total_norm(tensors: _TensorOrTensors, norm_type: float = 2.0,
     first tensor's) as torch's, one fused read per device."""
     tensors = _as_list(tensors)
     norm_type = float(norm_type)
+    norms = _one_call_norms(tensors, norm_type, foreach) if tensors else None
+    if norms is not None:
+        total = torch.linalg.vector_norm(norms, norm_type)
+        check_nonfinite(total, norm_type, error_if_nonfinite)
+        return total
     if not tensors or not torchext_serves(tensors):
         return torch.nn.utils.get_total_norm(tensors, norm_type, error_if_nonfinite, foreach)
     _refuse_foreach(tensors, foreach)
@@ -173,6 +201,8 @@ def clip_grads_with_norm_(parameters: _TensorOrTensors, max_norm: float, total_n
     device."""
     grads = [p.grad for p in _as_list(parameters) if p.grad is not None]
     if not grads:
+        return
+    if _one_call_multiply_(grads, clip_coef(total_norm, max_norm), foreach):
         return
     if not torchext_serves(grads + [total_norm]):
         torch.nn.utils.clip_grads_with_norm_(_as_list(parameters), max_norm, total_norm, foreach)
@@ -198,5 +228,6 @@ def clip_grad_norm_(parameters: _TensorOrTensors, max_norm: float, norm_type: fl
                           stacklevel=3)
     grads = [p.grad for p in parameters if p.grad is not None]
     total_norm = get_total_norm(grads, norm_type, error_if_nonfinite, foreach)
-    clip_grads_with_norm_(parameters, max_norm, total_norm, foreach)
+    if not grads or not _one_call_multiply_(grads, clip_coef(total_norm, max_norm), foreach):
+        clip_grads_with_norm_(parameters, max_norm, total_norm, foreach)
     return total_norm
