@@ -29,7 +29,7 @@ __all__ = ["GradScaler", "OptState"]
 
 STATE_DICT_VERSION = _checkpoint.STATE_DICT_VERSION
 _MISSING = object()
-_UPDATE_SCALE = torch.ops.torchext.update_scale_.default
+_UPDATE_SCALE = torch.ops.torchext.update_scale_.counted
 
 
 def _refresh_per_optimizer_state() -> dict[str, Any]:
@@ -549,27 +549,15 @@ class GradScaler(torch.amp.GradScaler):
         self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
 
     def _update_scale(self, found_inf: Tensor) -> None:
-        # The optional settings are passed only when set: the op's Python
-        # binding parses each keyword by name (~0.3 us each).
-        if self._hysteresis == 1 and self._min_scale is None and self._max_scale is None:
-            _UPDATE_SCALE(
-                self._scale, self._growth_tracker, self._hysteresis_tracker, found_inf,
-                growth_factor=float(self._growth_factor),
-                backoff_factor=float(self._backoff_factor),
-                growth_interval=int(self._growth_interval))
-        else:
-            _UPDATE_SCALE(
-                self._scale, self._growth_tracker, self._hysteresis_tracker, found_inf,
-                growth_factor=float(self._growth_factor),
-                backoff_factor=float(self._backoff_factor),
-                growth_interval=int(self._growth_interval), hysteresis=int(self._hysteresis),
-                min_scale=None if self._min_scale is None else float(self._min_scale),
-                max_scale=None if self._max_scale is None else float(self._max_scale))
-        # found_inf counts overflows (>= 0), so nonzero is torch.gt(found_inf,
-        # 0); copy_ writes it in place (a CUDA graph keeps the tensor) at a
-        # third of gt(out=)'s host cost.
-        self._last_step_skipped.copy_(found_inf)
-        self._skipped_steps.add_(self._last_step_skipped)
+        # One op: the scale's update and the skip record (last_step_skipped
+        # = found_inf != 0, skipped_steps += it), in place (a CUDA graph
+        # keeps the tensors); its settings positional (cheaper to parse).
+        _UPDATE_SCALE(
+            self._scale, self._growth_tracker, self._hysteresis_tracker, found_inf,
+            self._last_step_skipped, self._skipped_steps, float(self._growth_factor),
+            float(self._backoff_factor), int(self._growth_interval), int(self._hysteresis),
+            None if self._min_scale is None else float(self._min_scale),
+            None if self._max_scale is None else float(self._max_scale))
 
     # --------------------------------------------------------- skip report
 
