@@ -238,7 +238,8 @@ class GradScaler(torch.amp.GradScaler):
         read once and nothing but the returned found_inf is written."""
         found_per_device = protocol.fused_check(optimizer)
         if found_per_device is not None:
-            self._sync_found_inf(found_per_device, sharded=False)
+            if self._process_group is not None:  # (else no sync: plain grads)
+                self._sync_found_inf(found_per_device, sharded=False)
             return found_per_device
         grads = GradsByDevice(optimizer, allow_fp16=True)
         check = torch.ops.torchext.check_finite_
@@ -430,7 +431,11 @@ class GradScaler(torch.amp.GradScaler):
         if stage is OptState.STEPPED:
             raise RuntimeError("step() has already been called since the last update().")
         if protocol.takes_grad_scale(optimizer):
-            retval = self._fused_step(optimizer, stage, state, args, kwargs)
+            retval, found_per_device = self._fused_step(optimizer, stage, state, args, kwargs)
+            state = self._per_optimizer_states[id(optimizer)]
+            state["found_inf_per_device"] = found_per_device
+            state["stage"] = OptState.STEPPED
+            return retval
         else:
             coef = None if state is None else state.get("clip_coef")
             if coef is not None:
@@ -448,22 +453,31 @@ class GradScaler(torch.amp.GradScaler):
 
     def _fused_step(self, optimizer, stage, state, args, kwargs):
         """The optimizer unscales (and, with no host read allowed, skips) by
-        itself. Nothing is recorded for it until its step returned. ``state``:
-        its record of this iteration, None when there is none yet."""
-        if _step_takes_grad_scaler(optimizer):
+        itself. Nothing is recorded for it here: returns what its step
+        returned and the found_inf per device to record. ``state``: its
+        record of this iteration, None when there is none yet."""
+        if not getattr(optimizer, protocol.STEP, False) and _step_takes_grad_scaler(optimizer):
             warnings.warn(
                 "GradScaler is going to stop passing itself as a keyword argument to the passed "
                 "optimizer. In the near future GradScaler registers `grad_scale: Tensor` and "
                 "`found_inf: Tensor` to the passed optimizer and let the optimizer use them "
                 "directly.", FutureWarning, stacklevel=3 + STEP_GATE_FRAMES)
-            return optimizer.step(*args, **{**kwargs, "grad_scaler": self})
+            retval = optimizer.step(*args, **{**kwargs, "grad_scaler": self})
+            # (what its step recorded through _check_inf_per_device, if anything)
+            return retval, self._optimizer_state(optimizer)["found_inf_per_device"]
         # clip_grad_norm_ checked the grads already (and unscale_ did)
         coef = None if state is None else state.get("clip_coef")
         if stage is OptState.READY and coef is None:
             found_per_device = self._check_inf_grads(optimizer)
         else:
             found_per_device = state["found_inf_per_device"]
-        found_inf = self._combined_found_inf(({"found_inf_per_device": found_per_device},))
+        if len(found_per_device) == 1:  # (the usual case, without _combined_found_inf's loops)
+            found_inf, = found_per_device.values()
+            device = self._scale.device
+            if found_inf.device != device:
+                found_inf = found_inf.to(device, non_blocking=True)
+        else:
+            found_inf = self._combined_found_inf(({"found_inf_per_device": found_per_device},))
         device_skip = protocol.must_not_sync(optimizer)
         retval = None
         if device_skip or not found_inf.item():
@@ -496,8 +510,7 @@ class GradScaler(torch.amp.GradScaler):
                 raise
             del optimizer.grad_scale  # as torch, also one the user had set
             del optimizer.found_inf
-        self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = found_per_device
-        return retval
+        return retval, found_per_device
 
     # ---------------------------------------------------------------- update
 
