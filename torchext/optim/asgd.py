@@ -60,9 +60,9 @@ def _hooked_step(func):
                 or self._optimizer_step_post_hooks
                 or _torch_optimizer._global_optimizer_post_hooks):
             return run(self, args, kwargs)
-        out = func(self, *args, **kwargs)  # (no hook: run's work without its frame)
-        self._optimizer_step_code()
-        return out
+        # No hook: run's work without its frame, and without
+        # _optimizer_step_code (a marker for the profiler, which is off).
+        return func(self, *args, **kwargs)
 
     wrapper.hooked = True
     return wrapper
@@ -176,9 +176,10 @@ class ASGD(GroupsAlias, Optimizer):
         found: dict[torch.device, Tensor] = {}
         for pgs in slots:
             for sg in pgs.slot_groups:
-                sg.holder()
+                check = sg.native_check or sg.holder().check_finite
+                device = sg.device
                 # (a device's first check makes its found_inf, in C++)
-                found[sg.device] = sg.native_check(found.get(sg.device))
+                found[device] = check(found.get(device))
         return found
 
     # -------------------------------------------------------------- clipping
@@ -217,7 +218,8 @@ class ASGD(GroupsAlias, Optimizer):
         Args:
             closure (Callable, optional): re-evaluates the model and returns the loss.
         """
-        _averaging.check_not_averaging(self)  # before anything changes
+        if getattr(self, _averaging.FLAG, False):  # (a frame less a step when not)
+            _averaging.check_not_averaging(self)  # raises, before anything changes
         # What torch's LR schedulers record (see _compile_compat (1)).
         self._opt_called = True
         loss = None
@@ -244,7 +246,7 @@ class ASGD(GroupsAlias, Optimizer):
             torch._C._set_grad_enabled(self.defaults["differentiable"])
             created: list = []
             try:
-                self._run_step(grad_scale, found_inf, eager=True, created=created)
+                self._run_step(grad_scale, found_inf, True, created)
             except BaseException:
                 self._forget_state(created)
                 raise
@@ -378,9 +380,9 @@ class ASGD(GroupsAlias, Optimizer):
             self._slot_cache = (self._gen.n, self.state, built)
             return built
         slots = cache[2]
-        for k, (pgs, group) in enumerate(zip(slots, groups)):
-            if not pgs.fresh(group):
-                slots[k] = ParamGroupSlots(group, self.state)
+        for k, pgs in enumerate(slots):
+            if not pgs.fresh(groups[k]):
+                slots[k] = ParamGroupSlots(groups[k], self.state)
         return slots
 
     # torch.optim.ASGD's name for gathering a group, for code that calls it
