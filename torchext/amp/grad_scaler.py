@@ -531,19 +531,31 @@ class GradScaler(torch.amp.GradScaler):
             return
         if self._scale is None or self._growth_tracker is None:
             self._check_scale_growth_tracker("update")
-        if new_scale is None:
-            self._update_scale(self._combined_found_inf(self._per_optimizer_states.values()))
-            self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
-            return
-        if isinstance(new_scale, torch.optim.Optimizer):
-            key = id(new_scale)
-            state = self._per_optimizer_states.get(key)
-            if state is None or not state["found_inf_per_device"]:
-                raise AssertionError(
-                    "No inf checks were recorded for this optimizer prior to update(optimizer); "
-                    "call scaler.step(optimizer) (or scaler.unscale_(optimizer)) first.")
-            self._update_scale(self._combined_found_inf([state]))
-            del self._per_optimizer_states[key]
+        by_optimizer = isinstance(new_scale, torch.optim.Optimizer)
+        if new_scale is None or by_optimizer:
+            if by_optimizer:
+                state = self._per_optimizer_states.get(id(new_scale))
+                if state is None or not state["found_inf_per_device"]:
+                    raise AssertionError(
+                        "No inf checks were recorded for this optimizer prior to "
+                        "update(optimizer); call scaler.step(optimizer) (or "
+                        "scaler.unscale_(optimizer)) first.")
+                found_inf = self._combined_found_inf((state,))
+            else:
+                found_inf = self._combined_found_inf(self._per_optimizer_states.values())
+            # One op: the scale's update and the skip record (last_step_skipped
+            # = found_inf != 0, skipped_steps += it), in place (a CUDA graph
+            # keeps the tensors); its settings positional (cheaper to parse).
+            _UPDATE_SCALE(
+                self._scale, self._growth_tracker, self._hysteresis_tracker, found_inf,
+                self._last_step_skipped, self._skipped_steps, float(self._growth_factor),
+                float(self._backoff_factor), int(self._growth_interval), int(self._hysteresis),
+                None if self._min_scale is None else float(self._min_scale),
+                None if self._max_scale is None else float(self._max_scale))
+            if by_optimizer:
+                del self._per_optimizer_states[id(new_scale)]
+            else:
+                self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
             return
         if isinstance(new_scale, (float, int)) and not isinstance(new_scale, bool):
             self._scale.fill_(new_scale)
@@ -560,17 +572,6 @@ class GradScaler(torch.amp.GradScaler):
                 raise AssertionError(reason)
             self._scale.copy_(new_scale.reshape(()))
         self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
-
-    def _update_scale(self, found_inf: Tensor) -> None:
-        # One op: the scale's update and the skip record (last_step_skipped
-        # = found_inf != 0, skipped_steps += it), in place (a CUDA graph
-        # keeps the tensors); its settings positional (cheaper to parse).
-        _UPDATE_SCALE(
-            self._scale, self._growth_tracker, self._hysteresis_tracker, found_inf,
-            self._last_step_skipped, self._skipped_steps, float(self._growth_factor),
-            float(self._backoff_factor), int(self._growth_interval), int(self._hysteresis),
-            None if self._min_scale is None else float(self._min_scale),
-            None if self._max_scale is None else float(self._max_scale))
 
     # --------------------------------------------------------- skip report
 
