@@ -432,9 +432,13 @@ class GradScaler(torch.amp.GradScaler):
             raise RuntimeError("step() has already been called since the last update().")
         if protocol.takes_grad_scale(optimizer):
             retval, found_per_device = self._fused_step(optimizer, stage, state, args, kwargs)
-            state = self._per_optimizer_states[id(optimizer)]
-            state["found_inf_per_device"] = found_per_device
-            state["stage"] = OptState.STEPPED
+            state = self._per_optimizer_states.get(id(optimizer))  # (the step may have made it)
+            if state is None:  # (the usual case: made here, not by the defaultdict's factory)
+                self._per_optimizer_states[id(optimizer)] = {
+                    "stage": OptState.STEPPED, "found_inf_per_device": found_per_device}
+            else:
+                state["found_inf_per_device"] = found_per_device
+                state["stage"] = OptState.STEPPED
             return retval
         else:
             coef = None if state is None else state.get("clip_coef")
