@@ -97,4 +97,31 @@ void check_update_scale_args(const at::Tensor& scale, const at::Tensor& growth_t
                     lo, ", max_scale=", hi);
 }
 
+void check_update_scale_counted_args(
+    const at::Tensor& scale, const at::Tensor& growth_tracker,
+    const at::Tensor& hysteresis_tracker, const at::Tensor& found_inf,
+    const at::Tensor& last_step_skipped, const at::Tensor& skipped_steps, double growth_factor,
+    double backoff_factor, int64_t growth_interval, int64_t hysteresis,
+    std::optional<double> min_scale, std::optional<double> max_scale) {
+  check_update_scale_args(scale, growth_tracker, hysteresis_tracker, found_inf, growth_factor,
+                          backoff_factor, growth_interval, hysteresis, min_scale, max_scale);
+  const char* op = "update_scale_";
+  const c10::Device device = scale.device();
+  TORCH_CHECK_TYPE(last_step_skipped.scalar_type() == at::kBool, op,
+                   ": last_step_skipped must be a bool tensor, got ",
+                   last_step_skipped.scalar_type());
+  TORCH_CHECK_VALUE(last_step_skipped.numel() == 1, op,
+                    ": last_step_skipped must hold exactly one element, got shape ",
+                    last_step_skipped.sizes());
+  TORCH_CHECK(last_step_skipped.device() == device, op, ": last_step_skipped is on ",
+              last_step_skipped.device(), " but scale is on ", device);
+  TORCH_CHECK_TYPE(skipped_steps.scalar_type() == at::kLong, op,
+                   ": skipped_steps must be an int64 tensor, got ", skipped_steps.scalar_type());
+  TORCH_CHECK_VALUE(skipped_steps.numel() == 1, op,
+                    ": skipped_steps must hold exactly one element, got shape ",
+                    skipped_steps.sizes());
+  TORCH_CHECK(skipped_steps.device() == device, op, ": skipped_steps is on ",
+              skipped_steps.device(), " but scale is on ", device);
+}
+
 }  // namespace torchext

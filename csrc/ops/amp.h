@@ -21,5 +21,13 @@ void check_update_scale_args(const at::Tensor& scale, const at::Tensor& growth_t
                              double growth_factor, double backoff_factor,
                              int64_t growth_interval, int64_t hysteresis,
                              std::optional<double> min_scale, std::optional<double> max_scale);
+// update_scale_.counted: the above, plus its skip record (last_step_skipped:
+// one bool, skipped_steps: one int64, both on the scale's device).
+void check_update_scale_counted_args(
+    const at::Tensor& scale, const at::Tensor& growth_tracker,
+    const at::Tensor& hysteresis_tracker, const at::Tensor& found_inf,
+    const at::Tensor& last_step_skipped, const at::Tensor& skipped_steps, double growth_factor,
+    double backoff_factor, int64_t growth_interval, int64_t hysteresis,
+    std::optional<double> min_scale, std::optional<double> max_scale);
 
 }  // namespace torchext

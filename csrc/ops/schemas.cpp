@@ -56,6 +56,17 @@ TORCH_LIBRARY(torchext, m) {
       "Tensor(c!) hysteresis_tracker, Tensor found_inf, *, float growth_factor, "
       "float backoff_factor, int growth_interval, int hysteresis=1, "
       "float? min_scale=None, float? max_scale=None) -> ()");
+  // The same update, and the skip record of GradScaler in the same call:
+  // last_step_skipped = found_inf != 0 (0-d bool), skipped_steps +=
+  // last_step_skipped (0-d int64), all on the scale's device. GradScaler.update
+  // calls it once per iteration from Python, so its settings are positional:
+  // torch.ops parses each keyword by name (~0.3 us each, positional ~0.05).
+  m.def(
+      "update_scale_.counted(Tensor(a!) scale, Tensor(b!) growth_tracker, "
+      "Tensor(c!) hysteresis_tracker, Tensor found_inf, Tensor(d!) last_step_skipped, "
+      "Tensor(e!) skipped_steps, float growth_factor, float backoff_factor, "
+      "int growth_interval, int hysteresis=1, float? min_scale=None, "
+      "float? max_scale=None) -> ()");
   // Per-tensor vector norms, as torch._foreach_norm: result[i] is the `ord`
   // norm of tensors[i] (any ord torch.linalg.vector_norm takes), in its
   // tensor's real dtype, held in the dtype torch.stack gives the list. With

@@ -77,6 +77,8 @@ torchext::unscale_(Tensor(a! -> *)[] tensors, Tensor(b!) found_inf, Tensor inv_s
 torchext::tensor_norms(Tensor[] tensors, float ord=2., Tensor? inv_scale=None, Tensor(a!)? found_inf=None) -> Tensor""")
         self.assertExpectedInline(str(ops.update_scale_.default._schema), """\
 torchext::update_scale_(Tensor(a!) scale, Tensor(b!) growth_tracker, Tensor(c!) hysteresis_tracker, Tensor found_inf, *, float growth_factor, float backoff_factor, int growth_interval, int hysteresis=1, float? min_scale=None, float? max_scale=None) -> ()""")
+        self.assertExpectedInline(str(ops.update_scale_.counted._schema), """\
+torchext::update_scale_.counted(Tensor(a!) scale, Tensor(b!) growth_tracker, Tensor(c!) hysteresis_tracker, Tensor found_inf, Tensor(d!) last_step_skipped, Tensor(e!) skipped_steps, float growth_factor, float backoff_factor, int growth_interval, int hysteresis=1, float? min_scale=None, float? max_scale=None) -> ()""")
 
     def _msg(self, fn):
         with self.assertRaises(Exception) as ctx:
@@ -154,6 +156,14 @@ def opcheck_samples(device):
                          torch.tensor(1, dtype=torch.int32, device=device),
                          torch.tensor(found, device=device)],
                         dict(growth_factor=2.0, backoff_factor=0.5, growth_interval=2)))
+        samples.append((ops.update_scale_.counted,
+                        [torch.tensor(1024.0, device=device),
+                         torch.tensor(1, dtype=torch.int32, device=device),
+                         torch.tensor(2, dtype=torch.int32, device=device),
+                         torch.tensor(found, device=device),
+                         torch.tensor(not found, device=device),
+                         torch.tensor(5, dtype=torch.int64, device=device),
+                         2.0, 0.5, 2, 2, 1.0, 4096.0], {}))
     for dtype in (torch.float32, torch.bfloat16, torch.complex64):
         _, p = packed_inputs(dtype=dtype, device=device)
         samples.append((ops.asgd_.packed, p, dict(KW)))
@@ -177,12 +187,13 @@ def test_opcheck(device, idx):
 
 
 def test_every_op_has_cpu_meta_and_cuda_kernels():
-    for name in ("asgd_", "asgd_.packed",
-                 "check_finite_", "unscale_", "update_scale_", "tensor_norms"):
+    for name in ("asgd_", "asgd_.packed", "check_finite_", "unscale_", "update_scale_",
+                 "update_scale_.counted", "tensor_norms"):
         dump = torch._C._dispatch_dump(f"torchext::{name}")
         assert "\nCPU: registered" in dump and "\nMeta: registered" in dump, dump
-        if name == "tensor_norms":
-            # CUDA (any device but CPU/Meta): ATen's multi-tensor norm.
+        if name in ("tensor_norms", "update_scale_.counted"):
+            # CUDA (any device but CPU/Meta): ATen's multi-tensor norm;
+            # update_scale_'s CUDA kernel and two ATen ops.
             assert "\nCompositeExplicitAutograd[alias]: registered" in dump, dump
         elif torchext.has_cuda_kernels():
             assert "\nCUDA: registered" in dump, dump
@@ -505,6 +516,73 @@ def test_update_scale_matches_torch_rule():
                           growth_interval=7)
         torch._amp_update_scale_(rs, rt, f.clone(), 2.0, 0.5, 7)
         assert s.item() == rs.item() and t.item() == rt.item()
+
+
+def _counted_args(device="cpu"):
+    return _update_scale_args() + [torch.tensor(False), torch.tensor(3, dtype=torch.int64)]
+
+
+@pytest.mark.parametrize("route", ["cpu", "composite", "meta"])
+def test_update_scale_counted_is_update_scale_and_the_skip_record(route):
+    """The CPU kernel, and the composite kernel CUDA runs (reached on the CPU
+    through its key), against update_scale_ then torch's copy_/add_ (what
+    GradScaler did before), over an overflow sequence with hysteresis and
+    clamps; on meta it only validates."""
+    g = torch.Generator().manual_seed(0)
+    found_seq = (torch.rand(200, generator=g) < 0.2).float() * torch.randint(
+        1, 3, (200,), generator=g)  # found_inf counts overflows
+    settings = (2.0, 0.5, 3, 2, 4.0, 2.0 ** 18)
+    got = [torch.tensor(2.0 ** 16), torch.tensor(0, dtype=torch.int32),
+           torch.tensor(2, dtype=torch.int32), None, torch.tensor(True),
+           torch.tensor(7, dtype=torch.int64)]
+    want = [t if t is None else t.clone() for t in got]
+    composite = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
+    if route == "meta":
+        got = [t if t is None else t.to("meta") for t in got]
+        ops.update_scale_.counted(*got[:3], torch.zeros((), device="meta"), *got[4:], *settings)
+        return
+    for f in found_seq:
+        got[3], want[3] = f.clone(), f.clone()
+        if route == "cpu":
+            ops.update_scale_.counted(*got, *settings)
+        else:
+            ops.update_scale_.counted.redispatch(composite, *got, *settings)
+        ops.update_scale_(*want[:4], growth_factor=2.0, backoff_factor=0.5, growth_interval=3,
+                          hysteresis=2, min_scale=4.0, max_scale=2.0 ** 18)
+        want[4].copy_(want[3])
+        want[5].add_(want[4])
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype and torch.equal(a, b), (got, want)
+    assert got[5].item() > 7 + 10  # the sequence had overflows
+
+
+@pytest.mark.parametrize("route", ["cpu", "composite", "meta"])
+@pytest.mark.parametrize("index,bad,exc,match", [
+    (4, torch.tensor(0.0), TypeError, "last_step_skipped must be a bool"),
+    (4, torch.zeros(2, dtype=torch.bool), ValueError, "last_step_skipped must hold exactly one"),
+    (5, torch.tensor(0, dtype=torch.int32), TypeError, "skipped_steps must be an int64"),
+    (5, torch.zeros(2, dtype=torch.int64), ValueError, "skipped_steps must hold exactly one"),
+    (5, torch.zeros((), dtype=torch.int64, device="meta"), RuntimeError, "skipped_steps is on meta"),
+    (1, torch.tensor(0.0), TypeError, "growth_tracker must be an int32"),
+])
+def test_update_scale_counted_bad_input_writes_nothing(route, index, bad, exc, match):
+    args = _counted_args()
+    args[3] = torch.tensor(1.0)  # an overflow: everything would change
+    args[index] = bad
+    if route == "meta":
+        args = [a.to("meta") for a in args]
+        if index == 5 and bad.is_meta:
+            pytest.skip("every tensor on meta")
+    snap = [a.clone() for a in args if not a.is_meta]
+    with pytest.raises(exc, match=match):
+        if route == "composite":
+            ops.update_scale_.counted.redispatch(
+                torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd),
+                *args, 2.0, 0.5, 3)
+        else:
+            ops.update_scale_.counted(*args, 2.0, 0.5, 3)
+    for a, b in zip([a for a in args if not a.is_meta], snap):
+        assert torch.equal(a, b)
 
 
 def test_t0_inf_is_allowed_by_the_op():

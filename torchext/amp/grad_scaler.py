@@ -28,6 +28,8 @@ from ._grads import GradsByDevice
 __all__ = ["GradScaler", "OptState"]
 
 STATE_DICT_VERSION = _checkpoint.STATE_DICT_VERSION
+_MISSING = object()
+_UPDATE_SCALE = torch.ops.torchext.update_scale_.counted
 
 
 def _refresh_per_optimizer_state() -> dict[str, Any]:
@@ -236,7 +238,8 @@ class GradScaler(torch.amp.GradScaler):
         read once and nothing but the returned found_inf is written."""
         found_per_device = protocol.fused_check(optimizer)
         if found_per_device is not None:
-            self._sync_found_inf(found_per_device, sharded=False)
+            if self._process_group is not None:  # (else no sync: plain grads)
+                self._sync_found_inf(found_per_device, sharded=False)
             return found_per_device
         grads = GradsByDevice(optimizer, allow_fp16=True)
         check = torch.ops.torchext.check_finite_
@@ -408,14 +411,17 @@ class GradScaler(torch.amp.GradScaler):
     # ------------------------------------------------------------------ step
 
     def _combined_found_inf(self, states) -> Tensor:
+        """The found_inf of every state's devices, summed on the scale's
+        device (one device on it: its tensor itself, no op)."""
         device = self._scale.device
-        found_infs = [f if f.device == device else f.to(device, non_blocking=True)
-                      for state in states for f in state["found_inf_per_device"].values()]
-        if not found_infs:
+        combined = None
+        for state in states:
+            for f in state["found_inf_per_device"].values():
+                if f.device != device:  # (a .to that moves nothing still costs)
+                    f = f.to(device, non_blocking=True)
+                combined = f if combined is None else combined + f
+        if combined is None:
             raise AssertionError("No inf checks were recorded prior to update.")
-        combined = found_infs[0]
-        for f in found_infs[1:]:
-            combined = combined + f
         return combined
 
     @gate_compiled_step  # (a torch that cannot trace it: _compile_compat (6))
@@ -435,14 +441,25 @@ class GradScaler(torch.amp.GradScaler):
             return optimizer.step(*args, **kwargs)
         if "closure" in kwargs:
             raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
-        self._check_scale_growth_tracker("step")
-        stage = self._optimizer_state(optimizer)["stage"]
+        if self._scale is None or self._growth_tracker is None:
+            self._check_scale_growth_tracker("step")
+        # (this iteration's record, read without creating one: see _optimizer_state)
+        state = self._per_optimizer_states.get(id(optimizer))
+        stage = OptState.READY if state is None else state["stage"]
         if stage is OptState.STEPPED:
             raise RuntimeError("step() has already been called since the last update().")
         if protocol.takes_grad_scale(optimizer):
-            retval = self._fused_step(optimizer, stage, args, kwargs)
+            retval, found_per_device = self._fused_step(optimizer, stage, state, args, kwargs)
+            state = self._per_optimizer_states.get(id(optimizer))  # (the step may have made it)
+            if state is None:  # (the usual case: made here, not by the defaultdict's factory)
+                self._per_optimizer_states[id(optimizer)] = {
+                    "stage": OptState.STEPPED, "found_inf_per_device": found_per_device}
+            else:
+                state["found_inf_per_device"] = found_per_device
+                state["stage"] = OptState.STEPPED
+            return retval
         else:
-            coef = self._optimizer_state(optimizer).get("clip_coef")
+            coef = None if state is None else state.get("clip_coef")
             if coef is not None:
                 self._apply_clip_(optimizer, stage, coef)
             elif stage is OptState.READY:
@@ -456,62 +473,66 @@ class GradScaler(torch.amp.GradScaler):
         self._per_optimizer_states[id(optimizer)]["stage"] = OptState.STEPPED
         return retval
 
-    def _fused_step(self, optimizer, stage, args, kwargs):
+    def _fused_step(self, optimizer, stage, state, args, kwargs):
         """The optimizer unscales (and, with no host read allowed, skips) by
-        itself. Nothing is recorded for it until its step returned."""
-        if _step_takes_grad_scaler(optimizer):
+        itself. Nothing is recorded for it here: returns what its step
+        returned and the found_inf per device to record. ``state``: its
+        record of this iteration, None when there is none yet."""
+        if not getattr(optimizer, protocol.STEP, False) and _step_takes_grad_scaler(optimizer):
             warnings.warn(
                 "GradScaler is going to stop passing itself as a keyword argument to the passed "
                 "optimizer. In the near future GradScaler registers `grad_scale: Tensor` and "
                 "`found_inf: Tensor` to the passed optimizer and let the optimizer use them "
                 "directly.", FutureWarning, stacklevel=3 + STEP_GATE_FRAMES)
-            return optimizer.step(*args, **{**kwargs, "grad_scaler": self})
-        state = self._optimizer_state(optimizer)
-        coef = state.get("clip_coef")  # clip_grad_norm_ checked the grads already
+            retval = optimizer.step(*args, **{**kwargs, "grad_scaler": self})
+            # (what its step recorded through _check_inf_per_device, if anything)
+            return retval, self._optimizer_state(optimizer)["found_inf_per_device"]
+        # clip_grad_norm_ checked the grads already (and unscale_ did)
+        coef = None if state is None else state.get("clip_coef")
         if stage is OptState.READY and coef is None:
             found_per_device = self._check_inf_grads(optimizer)
         else:
             found_per_device = state["found_inf_per_device"]
-        found_inf = self._combined_found_inf([{"found_inf_per_device": found_per_device}])
+        if len(found_per_device) == 1:  # (the usual case, without _combined_found_inf's loops)
+            found_inf, = found_per_device.values()
+            device = self._scale.device
+            if found_inf.device != device:
+                found_inf = found_inf.to(device, non_blocking=True)
+        else:
+            found_inf = self._combined_found_inf(({"found_inf_per_device": found_per_device},))
         device_skip = protocol.must_not_sync(optimizer)
         retval = None
         if device_skip or not found_inf.item():
             if device_skip and len(found_per_device) > 1:
                 # torch's fused kernels skip only when found_inf == 1.
                 found_inf = torch.clamp(found_inf, max=1.0)
-            retval = self._step_with(optimizer, stage, found_inf if device_skip else None,
-                                     coef, args, kwargs)
-        self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = found_per_device
-        return retval
-
-    def _step_with(self, optimizer, stage, found_inf, coef, args, kwargs):
-        # Already unscaled (e.g. for clipping): do not unscale twice. A
-        # grad_scale already on the optimizer is multiplied in, as torch does,
-        # and a pending clip coefficient divided in (the combined scale).
-        had_scale = hasattr(optimizer, "grad_scale")
-        user_scale = getattr(optimizer, "grad_scale", None)
-        if stage is OptState.UNSCALED:
-            grad_scale = user_scale
-        else:
-            grad_scale = self._scale if user_scale is None else self._scale * user_scale
-        if coef is not None:
-            coef = coef.to(self._scale.device, non_blocking=True)
-            grad_scale = (coef.reciprocal() if grad_scale is None else grad_scale / coef).float()
-        optimizer.grad_scale = grad_scale
-        optimizer.found_inf = found_inf
-        try:
-            retval = optimizer.step(*args, **kwargs)
-        except BaseException:
-            # Refused: the optimizer keeps the grad_scale it had, if any.
-            if had_scale:
-                optimizer.grad_scale = user_scale
-            else:
-                del optimizer.grad_scale
+            # Already unscaled (e.g. for clipping): do not unscale twice. A
+            # grad_scale already on the optimizer is multiplied in, as torch
+            # does, and a pending clip coefficient divided in (the combined
+            # scale).
+            user_scale = getattr(optimizer, "grad_scale", _MISSING)
+            grad_scale = None if user_scale is _MISSING else user_scale
+            if stage is not OptState.UNSCALED:
+                grad_scale = self._scale if grad_scale is None else self._scale * grad_scale
+            if coef is not None:
+                coef = coef.to(self._scale.device, non_blocking=True)
+                grad_scale = (coef.reciprocal() if grad_scale is None
+                              else grad_scale / coef).float()
+            optimizer.grad_scale = grad_scale
+            optimizer.found_inf = found_inf if device_skip else None
+            try:
+                retval = optimizer.step(*args, **kwargs)
+            except BaseException:
+                # Refused: the optimizer keeps the grad_scale it had, if any.
+                if user_scale is _MISSING:
+                    del optimizer.grad_scale
+                else:
+                    optimizer.grad_scale = user_scale
+                del optimizer.found_inf
+                raise
+            del optimizer.grad_scale  # as torch, also one the user had set
             del optimizer.found_inf
-            raise
-        del optimizer.grad_scale  # as torch, also one the user had set
-        del optimizer.found_inf
-        return retval
+        return retval, found_per_device
 
     # ---------------------------------------------------------------- update
 
@@ -530,48 +551,49 @@ class GradScaler(torch.amp.GradScaler):
         """
         if not self._enabled:
             return
-        _scale, _growth_tracker = self._check_scale_growth_tracker("update")
-        if isinstance(new_scale, torch.optim.Optimizer):
-            key = id(new_scale)
-            state = self._per_optimizer_states.get(key)
-            if state is None or not state["found_inf_per_device"]:
-                raise AssertionError(
-                    "No inf checks were recorded for this optimizer prior to update(optimizer); "
-                    "call scaler.step(optimizer) (or scaler.unscale_(optimizer)) first.")
-            self._update_scale(self._combined_found_inf([state]))
-            del self._per_optimizer_states[key]
-            return
-        if new_scale is not None:
-            if isinstance(new_scale, (float, int)) and not isinstance(new_scale, bool):
-                self._scale.fill_(new_scale)
+        if self._scale is None or self._growth_tracker is None:
+            self._check_scale_growth_tracker("update")
+        by_optimizer = isinstance(new_scale, torch.optim.Optimizer)
+        if new_scale is None or by_optimizer:
+            if by_optimizer:
+                state = self._per_optimizer_states.get(id(new_scale))
+                if state is None or not state["found_inf_per_device"]:
+                    raise AssertionError(
+                        "No inf checks were recorded for this optimizer prior to "
+                        "update(optimizer); call scaler.step(optimizer) (or "
+                        "scaler.unscale_(optimizer)) first.")
+                found_inf = self._combined_found_inf((state,))
             else:
-                reason = ("new_scale should be a float or a 1-element torch.cuda.FloatTensor or "
-                          "torch.FloatTensor with requires_grad=False.")
-                if not isinstance(new_scale, Tensor):
-                    raise AssertionError(reason)
-                if new_scale.device.type != self._scale.device.type:
-                    raise AssertionError(reason)
-                if new_scale.numel() != 1:
-                    raise AssertionError(reason)
-                if new_scale.requires_grad is True:
-                    raise AssertionError(reason)
-                self._scale.copy_(new_scale.reshape(()))
+                found_inf = self._combined_found_inf(self._per_optimizer_states.values())
+            # One op: the scale's update and the skip record (last_step_skipped
+            # = found_inf != 0, skipped_steps += it), in place (a CUDA graph
+            # keeps the tensors); its settings positional (cheaper to parse).
+            _UPDATE_SCALE(
+                self._scale, self._growth_tracker, self._hysteresis_tracker, found_inf,
+                self._last_step_skipped, self._skipped_steps, float(self._growth_factor),
+                float(self._backoff_factor), int(self._growth_interval), int(self._hysteresis),
+                None if self._min_scale is None else float(self._min_scale),
+                None if self._max_scale is None else float(self._max_scale))
+            if by_optimizer:
+                del self._per_optimizer_states[id(new_scale)]
+            else:
+                self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
+            return
+        if isinstance(new_scale, (float, int)) and not isinstance(new_scale, bool):
+            self._scale.fill_(new_scale)
         else:
-            self._update_scale(self._combined_found_inf(self._per_optimizer_states.values()))
+            reason = ("new_scale should be a float or a 1-element torch.cuda.FloatTensor or "
+                      "torch.FloatTensor with requires_grad=False.")
+            if not isinstance(new_scale, Tensor):
+                raise AssertionError(reason)
+            if new_scale.device.type != self._scale.device.type:
+                raise AssertionError(reason)
+            if new_scale.numel() != 1:
+                raise AssertionError(reason)
+            if new_scale.requires_grad is True:
+                raise AssertionError(reason)
+            self._scale.copy_(new_scale.reshape(()))
         self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
-
-    def _update_scale(self, found_inf: Tensor) -> None:
-        torch.ops.torchext.update_scale_.default(
-            self._scale, self._growth_tracker, self._hysteresis_tracker, found_inf,
-            growth_factor=float(self._growth_factor), backoff_factor=float(self._backoff_factor),
-            growth_interval=int(self._growth_interval), hysteresis=int(self._hysteresis),
-            min_scale=None if self._min_scale is None else float(self._min_scale),
-            max_scale=None if self._max_scale is None else float(self._max_scale))
-        # found_inf counts overflows (>= 0), so nonzero is torch.gt(found_inf,
-        # 0); copy_ writes it in place (a CUDA graph keeps the tensor) at a
-        # third of gt(out=)'s host cost.
-        self._last_step_skipped.copy_(found_inf)
-        self._skipped_steps.add_(self._last_step_skipped)
 
     # --------------------------------------------------------- skip report
 

@@ -205,7 +205,7 @@ class SlotGroup:
         changes need nothing here."""
         lr = group["lr"]
         key = (("tensor", id(lr)) if isinstance(lr, Tensor) else float(lr),
-               *[group[name] for name in _op.HYPER])
+               *map(group.__getitem__, _op.HYPER))  # (no listcomp: a frame less a step)
         if key != self._args_key:
             t0 = group["t0"] if self.t0 is None else self.t0
             # (lr kept in the tuple: its id in the key stays its own)

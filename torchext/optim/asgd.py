@@ -56,7 +56,13 @@ def _hooked_step(func):
         if torch.compiler.is_compiling() or torch._C._autograd._profiler_enabled():
             with torch.autograd.profiler.record_function(name):
                 return run(self, args, kwargs)
-        return run(self, args, kwargs)
+        if (_torch_optimizer._global_optimizer_pre_hooks or self._optimizer_step_pre_hooks
+                or self._optimizer_step_post_hooks
+                or _torch_optimizer._global_optimizer_post_hooks):
+            return run(self, args, kwargs)
+        # No hook: run's work without its frame, and without
+        # _optimizer_step_code (a marker for the profiler, which is off).
+        return func(self, *args, **kwargs)
 
     wrapper.hooked = True
     return wrapper
@@ -170,9 +176,10 @@ class ASGD(GroupsAlias, Optimizer):
         found: dict[torch.device, Tensor] = {}
         for pgs in slots:
             for sg in pgs.slot_groups:
-                sg.holder()
+                check = sg.native_check or sg.holder().check_finite
+                device = sg.device
                 # (a device's first check makes its found_inf, in C++)
-                found[sg.device] = sg.native_check(found.get(sg.device))
+                found[device] = check(found.get(device))
         return found
 
     def _torchext_amp_norms(self, norm_type: float, inv_scale: Tensor | None):
@@ -238,7 +245,8 @@ class ASGD(GroupsAlias, Optimizer):
         Args:
             closure (Callable, optional): re-evaluates the model and returns the loss.
         """
-        _averaging.check_not_averaging(self)  # before anything changes
+        if getattr(self, _averaging.FLAG, False):  # (a frame less a step when not)
+            _averaging.check_not_averaging(self)  # raises, before anything changes
         # What torch's LR schedulers record (see _compile_compat (1)).
         self._opt_called = True
         loss = None
@@ -265,7 +273,7 @@ class ASGD(GroupsAlias, Optimizer):
             torch._C._set_grad_enabled(self.defaults["differentiable"])
             created: list = []
             try:
-                self._run_step(grad_scale, found_inf, eager=True, created=created)
+                self._run_step(grad_scale, found_inf, True, created)
             except BaseException:
                 self._forget_state(created)
                 raise
@@ -283,8 +291,26 @@ class ASGD(GroupsAlias, Optimizer):
         run them all through ``functional.run_calls`` (validated before the
         first writes). State created for params stepped for the first time is
         recorded in ``created``."""
+        slots = self._slots()
+        if eager and len(slots) == 1 and slots[0].native_ok and len(slots[0].slot_groups) == 1:
+            # The usual eager step: one holder call, which validates all of
+            # its input before it writes (run_calls runs such a call alone
+            # at once), made here without the call objects (~1 us a step).
+            pgs = slots[0]
+            sg = pgs.slot_groups[0]
+            run = sg.holder().run if sg.native_run is None else sg.native_run
+            if grad_scale is not None:
+                grad_scale = _devices.on_device(grad_scale, sg.device)
+            if found_inf is not None:
+                found_inf = _devices.on_device(found_inf, sg.device)
+            lr_t, hyper = sg.holder_args(pgs.group)
+            missing = run(False, lr_t, hyper, grad_scale, found_inf)
+            if missing:  # (as HolderCall.run: nothing was done)
+                self._create_state(sg, missing, pgs.group["lr"], created)
+                run(False, lr_t, hyper, grad_scale, found_inf)
+            return
         calls = []
-        for pgs in self._slots():
+        for pgs in slots:
             for sg in pgs.slot_groups:
                 call = self._call(pgs, sg, eager, grad_scale, found_inf, created)
                 if call is not None:
@@ -381,9 +407,9 @@ class ASGD(GroupsAlias, Optimizer):
             self._slot_cache = (self._gen.n, self.state, built)
             return built
         slots = cache[2]
-        for k, (pgs, group) in enumerate(zip(slots, groups)):
-            if not pgs.fresh(group):
-                slots[k] = ParamGroupSlots(group, self.state)
+        for k, pgs in enumerate(slots):
+            if not pgs.fresh(groups[k]):
+                slots[k] = ParamGroupSlots(groups[k], self.state)
         return slots
 
     # torch.optim.ASGD's name for gathering a group, for code that calls it

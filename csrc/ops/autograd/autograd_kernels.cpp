@@ -64,7 +64,8 @@ TORCH_LIBRARY_IMPL(torchext, Autograd, m) {
   for (const char* name : kASGDOverloads) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&bump_written_then_redispatch>());
   }
-  for (const char* name : {"check_finite_", "unscale_", "update_scale_", "swap_", "tensor_norms"}) {
+  for (const char* name : {"check_finite_", "unscale_", "update_scale_", "update_scale_.counted", "swap_",
+                           "tensor_norms"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&bump_written_then_redispatch>());
   }
 }

@@ -88,12 +88,30 @@ void update_scale_cpu(const at::Tensor& scale, const at::Tensor& growth_tracker,
   write_cpu_scalar(hysteresis_tracker, r.hysteresis_tracker);
 }
 
+void update_scale_counted_cpu(const at::Tensor& scale, const at::Tensor& growth_tracker,
+                              const at::Tensor& hysteresis_tracker, const at::Tensor& found_inf,
+                              const at::Tensor& last_step_skipped,
+                              const at::Tensor& skipped_steps, double growth_factor,
+                              double backoff_factor, int64_t growth_interval, int64_t hysteresis,
+                              std::optional<double> min_scale, std::optional<double> max_scale) {
+  check_update_scale_counted_args(scale, growth_tracker, hysteresis_tracker, found_inf,
+                                  last_step_skipped, skipped_steps, growth_factor,
+                                  backoff_factor, growth_interval, hysteresis, min_scale,
+                                  max_scale);
+  const bool skipped = read_cpu_scalar(found_inf) != 0.0;
+  update_scale_cpu(scale, growth_tracker, hysteresis_tracker, found_inf, growth_factor,
+                   backoff_factor, growth_interval, hysteresis, min_scale, max_scale);
+  *last_step_skipped.mutable_data_ptr<bool>() = skipped;
+  *skipped_steps.mutable_data_ptr<int64_t>() += skipped ? 1 : 0;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(torchext, CPU, m) {
   m.impl("check_finite_", &check_finite_cpu);
   m.impl("unscale_", &unscale_cpu);
   m.impl("update_scale_", &update_scale_cpu);
+  m.impl("update_scale_.counted", &update_scale_counted_cpu);
 }
 
 }  // namespace torchext
