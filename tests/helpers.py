@@ -133,3 +133,29 @@ SCALER_OVERRIDES = {
     "load_state_dict": "validated whole first, then torch's",
     "__getstate__": "torch's, plus torchext's trackers as numbers",
 }
+
+
+def amp_train_step(model, opt, scaler, x, y, device_type="cpu", dtype=torch.bfloat16,
+                   clip=None, around_step=None):
+    """The AMP loop people write, one iteration: zero_grad, an autocast
+    forward, scaled backward, (the fused clip), step, update. Returns the
+    loss, detached. ``around_step``: a context manager around step and
+    update (NoHostSync, sync-debug modes). The compile tests trace it whole
+    (test_compile.make_train_step) or call it around a compiled model
+    (test_compiled_model.train). scripts/wheel_smoke.py keeps its own copy:
+    it runs against installed wheels, without this folder."""
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast(device_type, dtype=dtype):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+    scaler.scale(loss).backward()
+    if clip is not None:
+        scaler.clip_grad_norm_(opt, clip)
+    if around_step is None:
+        scaler.step(opt)
+        scaler.update()
+    else:
+        with around_step:
+            scaler.step(opt)
+            scaler.update()
+    return loss.detach()
+

@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import torchext
 from conftest import requires_cuda
-from helpers import needs_torch, rel_err
+from helpers import amp_train_step, needs_torch, rel_err
 from torchext._compile_compat import COMPILED_STEP
 
 GROWTH_INTERVAL = 3
@@ -30,15 +30,7 @@ def make(device="cpu", lr=0.01, seed=0):
 
 def make_train_step(model, opt, scaler, device_type="cpu", dtype=torch.bfloat16, clip=None):
     def train_step(x, y):
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast(device_type, dtype=dtype):
-            loss = torch.nn.functional.mse_loss(model(x), y)
-        scaler.scale(loss).backward()
-        if clip is not None:
-            scaler.clip_grad_norm_(opt, clip)
-        scaler.step(opt)
-        scaler.update()
-        return loss.detach()
+        return amp_train_step(model, opt, scaler, x, y, device_type, dtype, clip)
     return train_step
 
 

@@ -12,7 +12,7 @@ import torch
 
 import torchext
 from conftest import requires_cuda
-from helpers import NoHostSync
+from helpers import NoHostSync, amp_train_step
 
 
 def make(lib, device="cpu", capturable=False, seed=0):
@@ -53,14 +53,8 @@ def train(model, opt, scaler, data, compiled_model, device_type="cpu", dtype=tor
     losses = []
     for i, (x, y) in enumerate(data):
         with torch._dynamo.config.patch(error_on_recompile=i >= no_recompile_after):
-            opt.zero_grad(set_to_none=True)
-            with torch.autocast(device_type, dtype=dtype):
-                loss = torch.nn.functional.mse_loss(compiled_model(x), y)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
+            losses.append(amp_train_step(compiled_model, opt, scaler, x, y, device_type, dtype))
         sched.step()
-        losses.append(loss.detach())
     return losses
 
 
@@ -157,17 +151,7 @@ def test_recommended_recipe_capturable_step_has_no_host_sync():
     for i, (x, y) in enumerate(data):
         for m, o, s, cm, guard in ((model, opt, scaler, compiled, True),
                                    (*ref, ref_compiled, False)):
-            o.zero_grad(set_to_none=True)
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss = torch.nn.functional.mse_loss(cm(x), y)
-            s.scale(loss).backward()
-            if guard:
-                with NoHostSync():
-                    s.step(o)
-                    s.update()
-            else:
-                s.step(o)
-                s.update()
+            amp_train_step(cm, o, s, x, y, around_step=NoHostSync() if guard else None)
     assert scaler.num_skipped_steps() == 1
     assert_same(ref, (model, opt, scaler))
 
