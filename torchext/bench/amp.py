@@ -11,7 +11,7 @@ import torch
 
 import torchext
 
-from .common import Result, make_params, table
+from .common import Result, make_params, ratio_rows, table
 
 NAME = "amp"
 SIZE = 50_000
@@ -60,9 +60,7 @@ def run_case(env, name):
 def report(env, results):
     lines = [env.header()]
     for r in results:
-        (ours, ours_ms), *others = r.ms.items()
-        rows = [[ours, f"{ours_ms:.2f}", "1.00x", f"{r.bandwidth_fraction * 100:.0f}%"]]
-        rows += [[k, f"{ms:.2f}", f"{r.speedup[k]:.2f}x", ""] for k, ms in others]
+        rows = ratio_rows(r)
         lines += [f"scale + step + update, {r.case}",
                   table(["setup", "ms", "torchext speed-up", "of bandwidth bound"], rows)]
     return "\n".join(lines)

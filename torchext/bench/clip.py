@@ -18,7 +18,7 @@ import torch
 
 import torchext
 
-from .common import Result, make_params, table
+from .common import Result, make_params, ratio_rows, table
 
 NAME = "clip"
 MAX_NORM = 1e-3  # below every gradient norm here: clipping is active
@@ -116,9 +116,7 @@ def run_case(env, name):
 def report(env, results):
     lines = [env.header()]
     for r in results:
-        (ours, ours_ms), *others = r.ms.items()
-        rows = [[ours, f"{ours_ms:.2f}", "1.00x", f"{r.bandwidth_fraction * 100:.0f}%"]]
-        rows += [[k, f"{ms:.2f}", f"{r.speedup[k]:.2f}x", ""] for k, ms in others]
+        rows = ratio_rows(r)
         title = ("clip_grad_norm_ alone" if r.case.startswith("drop-in")
                  else "scale -> clip -> step -> update")
         lines += [f"{title}, {r.case.split(', ')[1]} (clipping active)",

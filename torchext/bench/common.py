@@ -155,3 +155,13 @@ def table(headers, rows):
     for r in rows:
         out.append("| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |")
     return "\n".join(out)
+
+
+def ratio_rows(result):
+    """A Result's table rows: torchext's setup first (its fraction of the
+    bandwidth bound), then every other setup's time and its ratio to ours."""
+    (ours, ours_ms), *others = result.ms.items()
+    rows = [[ours, f"{ours_ms:.2f}", "1.00x", f"{result.bandwidth_fraction * 100:.0f}%"]]
+    rows += [[k, f"{ms:.2f}", f"{result.speedup[k]:.2f}x", ""] for k, ms in others]
+    return rows
+

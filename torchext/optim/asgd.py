@@ -158,21 +158,30 @@ class ASGD(GroupsAlias, Optimizer):
     #: ``capturable`` says.
     _torchext_amp_step = True
 
+    def _holder_slots(self):
+        """The slot groups when every one can go through its C++ holder (the
+        scaler's check and clip), else None: while torch.compile traces, or
+        a group without a holder (DTensor, unfused, devices without kernels)
+        or with params on meta. (The step that follows asks _slots() again:
+        O(1) per group, and not reusable from here, since step pre-hooks run
+        in between and may change the groups.)"""
+        if torch.compiler.is_compiling():
+            return None
+        slots = self._slots()
+        for pgs in slots:
+            if not pgs.native_ok or pgs.on_meta:
+                return None
+        return slots
+
     def _torchext_amp_check(self) -> dict[torch.device, Tensor] | None:
         """The scaler's read-only inf/NaN check of every grad, through the
         C++ holders (no list from Python): found_inf per device (0-d
         float32), or None when a group has no holder (DTensor, unfused,
         devices without kernels), has params on meta, or while torch.compile traces: the scaler then
         gathers the grads itself."""
-        if torch.compiler.is_compiling():
+        slots = self._holder_slots()
+        if slots is None:
             return None
-        # The step that follows asks _slots() again: O(1) per group, and not
-        # reusable from here, since step pre-hooks run in between and may
-        # change the groups.
-        slots = self._slots()
-        for pgs in slots:
-            if not pgs.native_ok or pgs.on_meta:
-                return None
         found: dict[torch.device, Tensor] = {}
         for pgs in slots:
             for sg in pgs.slot_groups:
@@ -189,12 +198,9 @@ class ASGD(GroupsAlias, Optimizer):
         device from the same read, or None without ``inv_scale``), or None
         where ``_torchext_amp_check`` would be None (the scaler then gathers
         the grads itself)."""
-        if torch.compiler.is_compiling():
+        slots = self._holder_slots()
+        if slots is None:
             return None
-        slots = self._slots()
-        for pgs in slots:
-            if not pgs.native_ok or pgs.on_meta:
-                return None
         check = inv_scale is not None
         norms: list[Tensor] = []
         found: dict[torch.device, Tensor] = {}
