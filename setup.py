@@ -260,11 +260,11 @@ _site = os.path.dirname(os.path.dirname(torch.__file__))
 _lib_dirs = ["torch/lib"] + sorted(os.path.relpath(d, _site) for d in
                                    glob.glob(os.path.join(_site, "nvidia", "cu[0-9]*", "lib")))
 link_flags = ["-fopenmp", "-Wl,--disable-new-dtags"]
-# pow through csrc/library/glibc_compat.cpp: no glibc symbol newer than 2.28
+# pow and hypot through csrc/library/glibc_compat.cpp: no glibc symbol newer than 2.28
 # (manylinux_2_28, as torch's wheels).
 if sys.platform.startswith("linux") and platform.machine() == "x86_64" and \
         platform.libc_ver()[0] == "glibc":
-    link_flags += ["-Wl,--wrap=pow"]
+    link_flags += ["-Wl,--wrap=pow", "-Wl,--wrap=hypot"]
 for _d in _lib_dirs:
     link_flags += [f"-Wl,-rpath,$ORIGIN/../{_d}", f"-Wl,-rpath,{os.path.join(_site, _d)}"]
 

@@ -42,7 +42,7 @@ def test_version_names_the_torch_and_requires_it():
 
 def test_library_needs_no_glibc_newer_than_manylinux_2_28():
     # csrc/library/glibc_compat.cpp: the two symbols this machine's glibc would give
-    # a newer version (pow, __libc_single_threaded) are kept at 2.28 or older.
+    # a newer version (pow, hypot, __libc_single_threaded) are kept at 2.28 or older.
     out = subprocess.run([_tool("objdump"), "-T", torchext.library_path], capture_output=True,
                          text=True, check=True).stdout
     versions = {tuple(map(int, v.split("."))): line.split()[-1]
