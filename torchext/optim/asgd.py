@@ -226,18 +226,23 @@ class ASGD(GroupsAlias, Optimizer):
         coefficient on the fly instead of a pass that rewrites them. The
         gradients are left as they are (not clipped). No host sync unless
         ``error_if_nonfinite``. The coefficient is used by the next step()
-        only. Gradients torchext has no kernel for (DTensor, sparse, other
-        devices) are clipped in place by torch's function instead. With a
+        only. Gradients torchext's holders do not serve (DTensor, devices
+        without kernels) are clipped in place by torch's function instead;
+        sparse ones are refused, as the step refuses them. With a
         GradScaler, call ``scaler.clip_grad_norm_(opt, ...)`` instead: these
         grads are scaled."""
-        params = [p for g in param_groups(self) for p in g["params"]]
-        grads = [p.grad for p in params if p.grad is not None]
-        if not grads or not _clip.torchext_serves(grads):
-            return _clip.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite)
         norm_type = float(norm_type)
+        own = self._torchext_amp_norms(norm_type, None)  # the holders' read, in C++
+        if own is not None and own[0]:
+            norms = own[0]
+        else:
+            params = [p for g in param_groups(self) for p in g["params"]]
+            grads = [p.grad for p in params if p.grad is not None]
+            if not grads or not _clip.torchext_serves(grads):
+                return _clip.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite)
+            norms = list(_clip.device_norms(grads, norm_type).values())
         with torch.no_grad():
-            norms = _clip.device_norms(grads, norm_type)
-            total = _clip.total_norm_of(list(norms.values()), norm_type, grads[0].device)
+            total = _clip.total_norm_of(norms, norm_type, norms[0].device)
             _clip.check_nonfinite(total, norm_type, error_if_nonfinite)
             self._clip_coef = _clip.clip_coef(total, max_norm)
         return total
