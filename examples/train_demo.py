@@ -3,9 +3,12 @@ torch.optim.ASGD + torch.amp.GradScaler, on the same data and initial weights.
 
 Prints the losses side by side and the step-time ratio (both measured in this
 process, so the ratio holds whatever the machine). Runs on CPU (bf16
-autocast) or CUDA (fp16 autocast).
+autocast) or CUDA (fp16 autocast). The loop clips gradients as most AMP
+loops do: torch's recipe (unscale_, clip_grad_norm_) on torch's side,
+torchext's fused clip (scaler.clip_grad_norm_) on the other; --clip 0 turns
+clipping off.
 
-    python examples/train_demo.py [--steps 300] [--device cpu|cuda] [--compile]
+    python examples/train_demo.py [--steps 300] [--device cpu|cuda] [--compile] [--clip 1.0]
 """
 import argparse
 import copy
@@ -44,6 +47,8 @@ def main():
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--width", type=int, default=256)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--clip", type=float, default=1.0,
+                    help="max gradient norm (0: no clipping)")
     ap.add_argument("--compile", action="store_true",
                     help="each library's torch.compile recipe: torch's compiled model + "
                          "compiled opt.step; torchext's compiled model, eager step "
@@ -69,6 +74,11 @@ def main():
             with torch.autocast(device.type, dtype=amp_dtype):
                 loss = loss_fn(model(x), y)
             scaler.scale(loss).backward()
+            if args.clip and isinstance(scaler, torchext.amp.GradScaler):
+                scaler.clip_grad_norm_(opt, args.clip)  # one read, folded into the step
+            elif args.clip:
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
             scaler.step(opt)
             scaler.update()
             return loss.detach()
@@ -88,7 +98,8 @@ def main():
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     n_params = sum(p.numel() for p in model_t.parameters())
     print(f"device {device}, autocast {amp_dtype}, {n_params / 1e6:.2f}M parameters, "
-          f"torch {torch.__version__}, torchext {torchext.__version__}")
+          f"torch {torch.__version__}, torchext {torchext.__version__}, "
+          f"gradient clipping {args.clip or 'off'}")
     print(f"{'step':>5}  {'torch.optim.ASGD loss':>22}  {'torchext ASGD loss':>19}")
     times_t, times_x = [], []
     for i in range(args.steps):
@@ -113,7 +124,7 @@ def main():
           f"skipped steps (torchext): {scaler_x.num_skipped_steps()}")
     print(f"median train-step time: torch {med(times_t) * 1e3:.2f} ms, torchext "
           f"{med(times_x) * 1e3:.2f} ms -> torchext is {med(times_t) / med(times_x):.2f}x "
-          f"the speed of torch (whole step: forward, backward, scaler, optimizer)")
+          f"the speed of torch (whole step: forward, backward, scaler, clip, optimizer)")
 
 
 if __name__ == "__main__":
