@@ -236,6 +236,12 @@ def test_tensor_norms_bad_input_raises_and_writes_nothing():
         with pytest.raises(exc, match=match):
             ops.tensor_norms(tensors, **{"found_inf": found, **kw})
         assert found.item() == 0
+        # The kernel CUDA runs (the composite one) refuses the same, on the CPU.
+        composite = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
+        with pytest.raises(exc, match=match):
+            ops.tensor_norms.default.redispatch(composite, tensors, kw.get("ord", 2.0),
+                                                kw.get("inv_scale"), kw.get("found_inf", found))
+        assert found.item() == 0
         # The Meta kernel (torch.compile's trace) refuses the same.
         meta = [t.to("meta") for t in tensors if not t.is_sparse]
         if not (exc is RuntimeError and "is on" in match) and len(meta) == len(tensors):
