@@ -1,6 +1,8 @@
 """The op contract: schemas, opcheck, Meta kernels, grad_scale/found_inf
 semantics and bad input (clear errors, nothing mutated)."""
 import copy
+import functools
+import math
 import unittest
 
 import pytest
@@ -216,6 +218,48 @@ def test_tensor_norms_cpu_kernel_matches_the_composite_one(order):
     assert torch.equal(got.isnan(), want.isnan())
     ok = ~got.isnan()
     assert ((got[ok] - want[ok]).abs() <= 2e-5 * want[ok].abs()).all(), (got, want)
+
+
+_COMPOSITE = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
+
+
+@pytest.mark.parametrize("route", ["cpu", "composite"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_tensor_norms_of_scaled_low_precision_grads_round_after_inv_scale(route, dtype):
+    """fp16 grads whose *scaled* norm passes 65504 (94868 here) but whose
+    unscaled norm (92.6) does not: the norm is accumulated in float32 and
+    rounded to fp16 only after inv_scale, on the CPU kernel and on the
+    composite one CUDA runs (reached here on the CPU). Reference: float64."""
+    g = torch.full((1000,), 3000.0, dtype=dtype)
+    inv = torch.tensor(1 / 1024)
+    found = torch.zeros(())
+    if route == "cpu":
+        got = ops.tensor_norms([g], 2.0, inv, found)
+    else:
+        got = ops.tensor_norms.default.redispatch(_COMPOSITE, [g], 2.0, inv, found)
+    want = torch.linalg.vector_norm(g.double() * inv.double()).to(dtype)
+    assert got.dtype == dtype and torch.equal(got, want.reshape(1)), (got, want)
+    assert found.item() == 0
+
+
+@pytest.mark.parametrize("route", ["cpu", "composite"])
+@pytest.mark.parametrize("order", [2.0, 1.0, 3.0, -2.0])
+def test_tensor_norms_overflow_where_torchs_float_sums_do(route, order):
+    """torch sums |x|^p of float32 (and fp16/bf16/complex64) tensors in
+    float32: past FLT_MAX the norm is inf (0 for negative p) although every
+    element is finite, and a clip then zeroes the update. Both kernels give
+    torch's value; float64 tensors keep their finite norm."""
+    big = 1e-30 if order < 0 else 1.5e19 if order == 2.0 else 4e37 if order == 1.0 else 1e13
+    ts = [torch.cat([torch.full((10,), big), torch.zeros(5000)]), torch.ones(4),
+          torch.full((10,), big, dtype=torch.float64)]
+    want = torch.stack(torch._foreach_norm(ts, order))
+    call = ops.tensor_norms if route == "cpu" else functools.partial(
+        ops.tensor_norms.default.redispatch, _COMPOSITE)
+    got = call(ts, order, None, None)
+    assert want[0].item() in (0.0, math.inf)  # torch's overflow, the case under test
+    assert torch.equal(got[:2], want[:2].to(got.dtype)), (got, want)
+    assert math.isfinite(got[2].item()) and got[2].item() != 0.0
+    assert rel_err(got[2:], want[2:].to(got.dtype)) < 1e-12
 
 
 def test_tensor_norms_bad_input_raises_and_writes_nothing():

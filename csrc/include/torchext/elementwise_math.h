@@ -283,7 +283,19 @@ C10_HOST_DEVICE inline T norm_combine(NormKind k, T a, T b) {
 }
 
 // The norm from a tensor's running value: the root for 2 and other p.
-C10_HOST_DEVICE inline double norm_finish(NormKind k, double acc, double p) {
+// `float_sums`: the tensor is float32, float16, bfloat16 or complex64, whose
+// norms torch accumulates in float32. torch's sum of |x|^p then overflows to
+// inf when it passes FLT_MAX, and so the norm is inf (0 for negative p),
+// although each element is finite; our running value is a double, which does
+// not overflow, so that overflow is applied here. The clip then gets
+// torch's coefficient (0 for an inf norm), not a finite one torch never
+// computes, and a per-tensor norm agrees with the total torch takes in float32.
+C10_HOST_DEVICE inline double norm_finish(NormKind k, double acc, double p, bool float_sums) {
+  constexpr double kFloatMax = 3.4028234663852886e38;  // FLT_MAX
+  if (float_sums && acc > kFloatMax &&
+      (k == NormKind::kOne || k == NormKind::kTwo || k == NormKind::kP)) {
+    acc = HUGE_VAL;
+  }
   if (k == NormKind::kTwo) return ::sqrt(acc);
   if (k == NormKind::kP) return ::pow(acc, 1.0 / p);
   return acc;

@@ -88,7 +88,9 @@ at::Tensor tensor_norms_cpu(at::TensorList tensors, double ord,
       for (int64_t c = first_chunk[i]; c < first_chunk[i + 1]; ++c) {
         acc = math::norm_combine(kind, acc, partial[c]);
       }
-      o[i] = static_cast<scalar_t>(round_to(dtypes[i], math::norm_finish(kind, acc, ord)));
+      const bool float_sums = c10::toRealValueType(dtypes[i]) != at::kDouble;
+      o[i] = static_cast<scalar_t>(
+          round_to(dtypes[i], math::norm_finish(kind, acc, ord, float_sums)));
     }
   });
   if (found_inf && bad.load()) write_cpu_scalar(*found_inf, 1.0);

@@ -19,6 +19,9 @@
 #include <ATen/ops/stack.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <vector>
+
 namespace torchext {
 namespace {
 
@@ -89,11 +92,14 @@ at::Tensor tensor_norms_meta(at::TensorList tensors, double ord,
                    at::TensorOptions().dtype(tensor_norms_dtype(tensors)).device(at::kMeta));
 }
 
-// tensor_norms on every device without a kernel of its own (CUDA among them)
-// and for an empty list: ATen's multi-tensor norm (one launch on CUDA), then
+// tensor_norms on every device without a kernel of its own and for an empty
+// list: ATen's multi-tensor norm (one launch per dtype kind on CUDA), then
 // the inf/NaN check as a second read. No host sync, so it captures in CUDA
 // graphs. The norm is homogeneous, so the norms of tensors * inv_scale are the
-// norms times inv_scale (a power of two for a loss scale: exact).
+// norms times inv_scale (a power of two for a loss scale: exact). fp16/bf16
+// norms are accumulated into float32 and rounded to the output dtype only
+// after inv_scale is applied: the norm of scaled fp16 grads passes 65504 long
+// before the unscaled one does (the CPU kernel's contract).
 at::Tensor tensor_norms_composite(at::TensorList tensors, double ord,
                                   const std::optional<at::Tensor>& inv_scale,
                                   const std::optional<at::Tensor>& found_inf) {
@@ -109,9 +115,34 @@ at::Tensor tensor_norms_composite(at::TensorList tensors, double ord,
                                   .typed<void(at::TensorList, const at::Tensor&)>();
     check.call(tensors, *found_inf);
   }
-  at::Tensor out = at::stack(at::_foreach_norm(tensors, ord));
-  if (inv_scale && ord != 0.0) out = at::mul(out, inv_scale->reshape({}));  // 0-d: out's dtype
-  return out;
+  // One ATen call per real dtype (each norm is rounded to its tensor's
+  // real dtype, then the list is held in the promoted dtype, as torch.stack
+  // holds torch._foreach_norm's results).
+  std::vector<at::ScalarType> real(tensors.size());
+  std::vector<at::ScalarType> kinds;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    real[i] = c10::toRealValueType(tensors[i].scalar_type());
+    if (std::find(kinds.begin(), kinds.end(), real[i]) == kinds.end()) kinds.push_back(real[i]);
+  }
+  std::vector<at::Tensor> norms(tensors.size());
+  for (const auto kind : kinds) {
+    std::vector<at::Tensor> group;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      if (real[i] == kind) group.push_back(tensors[i]);
+    }
+    const bool low = kind == at::kHalf || kind == at::kBFloat16;
+    at::Tensor g = at::stack(low ? at::_foreach_norm(group, ord, at::kFloat)
+                                 : at::_foreach_norm(group, ord));
+    if (inv_scale && ord != 0.0) g = at::mul(g, inv_scale->reshape({}));  // 0-d: g's dtype
+    g = g.to(kind);
+    for (size_t i = 0, k = 0; i < tensors.size(); ++i) {
+      if (real[i] == kind) norms[i] = g[static_cast<int64_t>(k++)];
+    }
+  }
+  if (kinds.size() == 1) {
+    return norms.size() == 1 ? norms[0].unsqueeze(0) : at::stack(norms);
+  }
+  return at::stack(norms).to(tensor_norms_dtype(tensors));
 }
 
 template <auto Validate, typename... Args>
