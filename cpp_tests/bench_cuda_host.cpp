@@ -156,7 +156,7 @@ std::pair<int64_t, int64_t> launches_per_step(const Lists& l, bool packed, k::Pa
   step.layout = unscale.layout = layout;
   k::asgd_launch(ListArgs(l).args(l, packed), step);
   const at::Tensor found = at::zeros({}), inv = at::ones({});
-  k::unscale_launch(l.g, found, inv, unscale);
+  k::unscale_launch(l.g, found, inv, std::nullopt, unscale);
   return {step.launches, unscale.launches};
 }
 

@@ -181,6 +181,8 @@ struct ASGDCase {
   bool maximize = false;
   std::optional<float> grad_scale;
   std::optional<float> found_inf;
+  std::optional<double> clip_coef;  // float64 when clip_double
+  bool clip_double = false;
   int steps = 2;
   std::vector<bool> skip;  // entries the plan skips (as it skips entries without grads)
   uint64_t seed = 0;
@@ -191,6 +193,7 @@ struct ASGDCase {
       << state_dtype << " state, lr " << (tensor_lr ? (lr_in_device ? "device tensor" : "tensor") : "float")
       << ", wd " << weight_decay << (maximize ? ", maximize" : "")
       << (grad_scale ? ", grad_scale" : "") << (found_inf ? (*found_inf != 0 ? ", found_inf=1" : ", found_inf=0") : "")
+      << (clip_coef ? ", clip_coef " + std::to_string(*clip_coef) + (clip_double ? " (float64)" : "") : "")
       << ", t0 " << t0 << ", seed " << seed << ")";
     return s.str();
   }
@@ -200,7 +203,7 @@ struct ASGDCase {
 struct ASGDTensors {
   std::vector<at::Tensor> params, grads, axs, mus, etas, steps;  // list state
   at::Tensor packed_mus, packed_etas, packed_steps;              // packed state
-  at::Tensor lr, grad_scale, found_inf;
+  at::Tensor lr, grad_scale, found_inf, clip_coef;
 
   ASGDTensors deep_copy() const {
     ASGDTensors c;
@@ -212,7 +215,8 @@ struct ASGDTensors {
     c.steps = clones(steps);
     for (auto [dst, src] : {std::pair{&c.packed_mus, &packed_mus}, {&c.packed_etas, &packed_etas},
                             {&c.packed_steps, &packed_steps}, {&c.lr, &lr},
-                            {&c.grad_scale, &grad_scale}, {&c.found_inf, &found_inf}}) {
+                            {&c.grad_scale, &grad_scale}, {&c.found_inf, &found_inf},
+                            {&c.clip_coef, &clip_coef}}) {
       if (src->defined()) *dst = src->clone();
     }
     return c;
@@ -223,7 +227,7 @@ struct ASGDTensors {
       for (auto& t : *l) t = t.to(d);
     }
     for (auto* t : {&c.packed_mus, &c.packed_etas, &c.packed_steps, &c.lr, &c.grad_scale,
-                    &c.found_inf}) {
+                    &c.found_inf, &c.clip_coef}) {
       if (t->defined()) *t = t->to(d);
     }
     return c;
@@ -265,6 +269,9 @@ ASGDTensors make_asgd_tensors(const ASGDCase& c, Arena& arena) {
   t.lr = c.tensor_lr ? at::full({}, c.lr, at::kFloat) : at::full({}, c.lr, at::kDouble);
   if (c.grad_scale) t.grad_scale = at::full({}, *c.grad_scale, at::kFloat);
   if (c.found_inf) t.found_inf = at::full({}, *c.found_inf, at::kFloat);
+  if (c.clip_coef) {
+    t.clip_coef = at::full({}, *c.clip_coef, c.clip_double ? at::kDouble : at::kFloat);
+  }
   if (c.grad_scale) {  // scaled grads
     for (auto& g : t.grads) g.mul_(*c.grad_scale);
   }
@@ -286,11 +293,12 @@ void call_asgd(const ASGDCase& c, const ASGDTensors& t) {
       c.packed ? torchext::asgd_stack(TensorListArg(t.params), TensorListArg(t.grads),
                                       TensorListArg(t.axs), t.packed_mus, t.packed_etas,
                                       t.packed_steps, t.lr, hyper_of(c), opt(t.grad_scale),
-                                      opt(t.found_inf))
+                                      opt(t.found_inf), opt(t.clip_coef))
                : torchext::asgd_stack(TensorListArg(t.params), TensorListArg(t.grads),
                                       TensorListArg(t.axs), TensorListArg(t.mus),
                                       TensorListArg(t.etas), TensorListArg(t.steps), t.lr,
-                                      hyper_of(c), opt(t.grad_scale), opt(t.found_inf));
+                                      hyper_of(c), opt(t.grad_scale), opt(t.found_inf),
+                                      opt(t.clip_coef));
   torchext::asgd_op(c.packed ? torchext::ASGDState::kPacked : torchext::ASGDState::kLists)
       .callBoxed(&stack);
 }
@@ -405,6 +413,11 @@ ASGDCase random_asgd_case(uint64_t seed, int64_t nentries, int64_t max_numel) {
   c.maximize = pick(rng) < 25;
   if (pick(rng) < 40) c.grad_scale = pick(rng) < 50 ? 1024.f : 3.f;
   if (pick(rng) < 30) c.found_inf = pick(rng) < 50 ? 0.f : 1.f;
+  if (pick(rng) < 35) {  // a clip folded in: float32 or float64, near float32's smallest normal
+    const int k = pick(rng);
+    c.clip_coef = k < 40 ? 0.37 : k < 70 ? 1.5e-38 : 0.0123;
+    c.clip_double = k >= 70;
+  }
   c.steps = 2;
   return c;
 }
@@ -421,6 +434,17 @@ struct ScanCase {
   std::optional<float> inv_scale;  // unscale_ when set
   float found_inf = 0.f;
   uint64_t seed = 0;
+  // unscale_'s clip_coef (with inv_scale only), float64 when clip_double
+  std::optional<double> clip_coef = std::nullopt;
+  bool clip_double = false;
+
+  // The clip_coef argument, on `device`.
+  std::optional<at::Tensor> clip(c10::Device device = at::kCPU) const {
+    if (!clip_coef) return std::nullopt;
+    return at::full({}, *clip_coef, at::TensorOptions()
+                                        .dtype(clip_double ? at::kDouble : at::kFloat)
+                                        .device(device));
+  }
 };
 
 // The k-th element of t in logical order, as a view.
@@ -465,9 +489,10 @@ void scan_reference(const ScanCase& c, const std::vector<at::Tensor>& ts, const 
       .typed<void(at::TensorList, const at::Tensor&)>();
   static const auto unscale = c10::Dispatcher::singleton()
       .findSchemaOrThrow("torchext::unscale_", "")
-      .typed<void(at::TensorList, const at::Tensor&, const at::Tensor&)>();
+      .typed<void(at::TensorList, const at::Tensor&, const at::Tensor&,
+                  const std::optional<at::Tensor>&)>();
   if (c.inv_scale) {
-    unscale.call(ts, found, inv);
+    unscale.call(ts, found, inv, c.clip(inv.device()));
   } else {
     check_finite.call(ts, found);
   }
@@ -501,6 +526,20 @@ std::vector<ScanCase> scan_cases(uint64_t seed, int64_t nentries, int64_t max_nu
       cases.push_back({op + ", inf in chunk " + std::to_string(where) + " of tensors[" +
                            std::to_string(other) + "]",
                        entries, {{other, where, inf}}, inv, 0.f, seed + 3});
+    }
+    if (!inv) continue;
+    // unscale_ with a clip coefficient (a float32 one, a float64 one, one
+    // near float32's smallest normal), all finite and with a NaN.
+    for (const auto& [coef, dbl] : {std::pair<double, bool>{0.37, false}, {0.37, true},
+                                    {1.5e-38, false}, {1.0, false}}) {
+      ScanCase c{op + ", clip " + std::to_string(coef) + (dbl ? " (float64)" : ""),
+                 entries, {}, inv, 0.f, seed + 11};
+      c.clip_coef = coef;
+      c.clip_double = dbl;
+      cases.push_back(c);
+      c.name += ", NaN in the last chunk of the big tensor";
+      c.plants = {{big, -2L, nan}};
+      cases.push_back(c);
     }
   }
   return cases;

@@ -49,7 +49,7 @@ TEST(CudaDevice, ScanMatchesCpuKernelsBitForBit) {
     const at::Tensor f_cpu = at::full({}, c.found_inf, at::kFloat), f_gpu = f_cpu.cuda();
     const at::Tensor inv = at::full({}, c.inv_scale.value_or(1.f), at::kFloat);
     scan_reference(c, cpu, f_cpu, inv);
-    scan_reference(c, gpu, f_gpu, inv.cuda());
+    scan_reference(c, gpu, f_gpu, inv.cuda());  // (clip_coef on inv's device)
     EXPECT_TRUE(same_bits(f_gpu, f_cpu, "found_inf")) << c.name;
     for (size_t i = 0; i < cpu.size(); ++i) EXPECT_TRUE(same_bits(gpu[i], cpu[i], c.name));
   }

@@ -132,7 +132,7 @@ torchext::ASGDArgs host_args(const ASGDCase& c, const ASGDTensors& t) {
   torchext::ASGDArgs a =
       torchext::asgd_args(TensorRefs(at::TensorList(t.params)), TensorRefs(at::TensorList(t.grads)),
                           TensorRefs(at::TensorList(t.axs)), t.lr, hyper_of(c), opt(t.grad_scale),
-                          opt(t.found_inf));
+                          opt(t.found_inf), opt(t.clip_coef));
   if (c.packed) {
     a.packed_mus = t.packed_mus;
     a.packed_etas = t.packed_etas;
@@ -585,7 +585,7 @@ TEST(CudaOnHost, LaunchesPerStep) {
         CountingExecutor exec, scan;
         exec.lim.layout = scan.lim.layout = layout;
         torchext::kernels::asgd_launch(host_args(c, t), exec);
-        torchext::kernels::unscale_launch(t.grads, at::zeros({}), at::ones({}), scan);
+        torchext::kernels::unscale_launch(t.grads, at::zeros({}), at::ones({}), std::nullopt, scan);
         const bool large = layout == kLarge;
         const int want = packed ? (large ? w.packed_large : w.packed_classic)
                                 : (large ? w.lists_large : w.lists_classic);
@@ -607,7 +607,7 @@ void scan_on_host(const ScanCase& c, const std::vector<at::Tensor>& ts, const at
                   const at::Tensor& inv, Runner& runner) {
   if (c.inv_scale) {
     runner.set_op("unscale_: ");
-    torchext::kernels::unscale_launch(ts, found, inv, runner);
+    torchext::kernels::unscale_launch(ts, found, inv, c.clip(), runner);
   } else {
     runner.set_op("check_finite_: ");
     torchext::kernels::check_finite_launch(ts, found, runner);

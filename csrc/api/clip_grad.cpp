@@ -74,7 +74,7 @@ void multiply_(const std::vector<at::Tensor>& tensors, const at::Tensor& factor)
     if (float64) {
       at::_foreach_mul_(p.tensors, p.factor);
     } else {
-      unscale_op().call(p.tensors, p.found_inf, p.factor);
+      unscale_op().call(p.tensors, p.found_inf, p.factor, std::nullopt);
     }
   }
 }

@@ -121,7 +121,7 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
     check_unscale_args(d.grads, d.found_inf, inv_scales.back());
   }
   for (const auto i : c10::irange(per_device.size())) {
-    unscale_op().call(per_device[i].grads, per_device[i].found_inf, inv_scales[i]);
+    unscale_op().call(per_device[i].grads, per_device[i].found_inf, inv_scales[i], std::nullopt);
   }
   auto& st = per_optimizer_[&optimizer];  // recorded once the grads are unscaled
   st.found_inf_per_device = found_infs(per_device);

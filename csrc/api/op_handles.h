@@ -13,7 +13,8 @@ namespace torchext {
 namespace api {
 
 using CheckFiniteOp = void(at::TensorList, const at::Tensor&);
-using UnscaleOp = void(at::TensorList, const at::Tensor&, const at::Tensor&);
+using UnscaleOp = void(at::TensorList, const at::Tensor&, const at::Tensor&,
+                       const std::optional<at::Tensor>&);
 using UpdateScaleOp = void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                            const at::Tensor&, double, double, int64_t, int64_t,
                            std::optional<double>, std::optional<double>);

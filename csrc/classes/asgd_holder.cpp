@@ -14,6 +14,7 @@
 // rebuilds the slot group, and never uses one while torch.compile traces.
 #include "../ops/asgd_args.h"
 #include "../utils/prefetch.h"
+#include "grads_seen.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -94,12 +95,14 @@ struct ASGDHolder : torch::CustomClassHolder {
   // the call ran.
   std::vector<int64_t> run(bool validate_only, const at::Tensor& lr, const std::vector<double>& hyper,
                            const std::optional<at::Tensor>& grad_scale,
-                           const std::optional<at::Tensor>& found_inf) {
+                           const std::optional<at::Tensor>& found_inf,
+                           const std::optional<at::Tensor>& clip_coef) {
     const HoldNothing after{this};
     auto missing = gather_grads();
     if (!missing.empty()) return missing;
     auto stack = asgd_stack(params, grads, axs, mus, etas, steps, lr,
-                            ASGDHyperparams::from_values(hyper), grad_scale, found_inf);
+                            ASGDHyperparams::from_values(hyper), grad_scale, found_inf,
+                            clip_coef);
     const c10::OperatorHandle& op = asgd_op(ASGDState::kPacked);
     if (validate_only) {
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &stack);
@@ -109,22 +112,31 @@ struct ASGDHolder : torch::CustomClassHolder {
     return {};
   }
 
+  // Refuses an fp16 grad unless allow_fp16: GradScaler's rule for the
+  // gradients torch's recipe unscales in place (unscale_'s own error).
+  static void check_fp16(const at::Tensor& g, bool allow_fp16) {
+    TORCH_CHECK_VALUE(allow_fp16 || g.scalar_type() != at::kHalf,
+                      "Attempting to unscale FP16 gradients.");
+  }
+
   // GradScaler's read-only inf/NaN check of the held params' grads
   // (torchext::check_finite_ into found_inf), without a list from Python.
   // Without a found_inf it makes one (0-d float32 zero on the params'
   // device; cheaper here than a torch.zeros from Python). Returns found_inf.
-  at::Tensor check_finite(const std::optional<at::Tensor>& found_inf_) {
+  at::Tensor check_finite(const std::optional<at::Tensor>& found_inf_, bool allow_fp16) {
     TORCH_CHECK(found_inf_.has_value() || !param_vec.empty(),
                 "ASGDHolder.check_finite: no params, pass found_inf");
     const at::Tensor found_inf = found_inf_.has_value()
         ? *found_inf_
         : at::zeros({}, param_vec.front().options().dtype(at::kFloat));
-    const HoldNothing after{this};
     c10::List<at::Tensor> present;
     present.reserve(param_vec.size());
     for (const auto& p : param_vec) {
       const at::Tensor& g = p.grad();
-      if (g.defined()) present.push_back(g);
+      if (g.defined()) {
+        check_fp16(g, allow_fp16);
+        present.push_back(g);
+      }
     }
     static const auto op =
         c10::Dispatcher::singleton().findSchemaOrThrow("torchext::check_finite_", "");
@@ -141,12 +153,16 @@ struct ASGDHolder : torch::CustomClassHolder {
   // Returns [norms, found_inf] ([norms] without the check; [] when no param
   // has a grad).
   std::vector<at::Tensor> norms(double ord, const std::optional<at::Tensor>& inv_scale,
-                                const std::optional<at::Tensor>& found_inf_, bool check) {
+                                const std::optional<at::Tensor>& found_inf_, bool check,
+                                bool allow_fp16) {
     c10::List<at::Tensor> present;
     present.reserve(param_vec.size());
     for (const auto& p : param_vec) {
       const at::Tensor& g = p.grad();
-      if (g.defined()) present.push_back(g);
+      if (g.defined()) {
+        check_fp16(g, allow_fp16);
+        present.push_back(g);
+      }
     }
     if (present.empty()) return {};
     std::optional<at::Tensor> found_inf;
@@ -164,18 +180,24 @@ struct ASGDHolder : torch::CustomClassHolder {
     if (found_inf) out.push_back(*found_inf);
     return out;
   }
+
+  // The held params' gradients as they are now, for a pending clip to tell
+  // later whether it still has them (grads_seen.h).
+  c10::intrusive_ptr<GradsSeen> seen() { return c10::make_intrusive<GradsSeen>(param_vec); }
 };
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(torchext, m) {
+  register_grads_seen(m);
   m.class_<ASGDHolder>("ASGDHolder")
       .def(torch::init<std::vector<at::Tensor>, std::vector<std::optional<at::Tensor>>,
                        at::Tensor, at::Tensor, at::Tensor>())
       .def("set_ax", &ASGDHolder::set_ax)
       .def("run", &ASGDHolder::run)
       .def("check_finite", &ASGDHolder::check_finite)
-      .def("norms", &ASGDHolder::norms);
+      .def("norms", &ASGDHolder::norms)
+      .def("seen", &ASGDHolder::seen);
 }
 
 }  // namespace torchext

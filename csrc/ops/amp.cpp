@@ -43,7 +43,8 @@ void check_amp_tensors(const char* op, at::TensorList tensors, const at::Tensor&
 }
 
 void check_unscale_args(at::TensorList tensors, const at::Tensor& found_inf,
-                        const at::Tensor& inv_scale) {
+                        const at::Tensor& inv_scale,
+                        const std::optional<at::Tensor>& clip_coef) {
   check_amp_tensors("unscale_", tensors, found_inf);
   TORCH_CHECK_TYPE(inv_scale.scalar_type() == at::kFloat,
                    "unscale_: inv_scale must be a float32 tensor, got ", inv_scale.scalar_type());
@@ -52,6 +53,16 @@ void check_unscale_args(at::TensorList tensors, const at::Tensor& found_inf,
                     inv_scale.sizes());
   TORCH_CHECK(inv_scale.device() == found_inf.device(), "unscale_: inv_scale is on ",
               inv_scale.device(), " but found_inf is on ", found_inf.device());
+  if (clip_coef) {
+    const auto dt = clip_coef->scalar_type();
+    TORCH_CHECK_TYPE(dt == at::kFloat || dt == at::kDouble,
+                     "unscale_: clip_coef must be a float32 or float64 tensor, got ", dt);
+    TORCH_CHECK_VALUE(clip_coef->numel() == 1,
+                      "unscale_: clip_coef must hold exactly one element, got shape ",
+                      clip_coef->sizes());
+    TORCH_CHECK(clip_coef->device() == found_inf.device(), "unscale_: clip_coef is on ",
+                clip_coef->device(), " but found_inf is on ", found_inf.device());
+  }
 }
 
 void check_update_scale_args(const at::Tensor& scale, const at::Tensor& growth_tracker,

@@ -15,7 +15,8 @@ void check_found_inf(const char* op, const at::Tensor& found_inf, const c10::Dev
 void check_amp_tensors(const char* op, at::TensorList tensors, const at::Tensor& found_inf,
                        bool allow_fp16 = true);
 void check_unscale_args(at::TensorList tensors, const at::Tensor& found_inf,
-                        const at::Tensor& inv_scale);
+                        const at::Tensor& inv_scale,
+                        const std::optional<at::Tensor>& clip_coef = std::nullopt);
 void check_update_scale_args(const at::Tensor& scale, const at::Tensor& growth_tracker,
                              const at::Tensor& hysteresis_tracker, const at::Tensor& found_inf,
                              double growth_factor, double backoff_factor,

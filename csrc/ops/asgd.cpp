@@ -144,6 +144,15 @@ std::optional<ASGDCall> check_asgd_header(const ASGDArgs& a) {
     TORCH_CHECK(f.device() == device, "asgd_: found_inf is on ", f.device(),
                 " but the tensors are on ", device);
   }
+  if (a.clip_coef.has_value()) {
+    const auto& c = *a.clip_coef;
+    TORCH_CHECK_TYPE(c.scalar_type() == at::kFloat || c.scalar_type() == at::kDouble,
+                     "asgd_: clip_coef must be a float32 or float64 tensor, got ",
+                     c.scalar_type());
+    check_one_element("clip_coef", c);
+    TORCH_CHECK(c.device() == device, "asgd_: clip_coef is on ", c.device(),
+                " but the params are on ", device);
+  }
   return ASGDCall{device, state_dtype};
 }
 

@@ -43,7 +43,7 @@ inline void prefetch_asgd_ahead(const ASGDArgs& a, size_t i) {
   each(i + kPrefetchImpl, prefetch_impl);
   each(i + kPrefetchStorage, prefetch_storage);
 }
-// The list lengths, the hyperparameters, lr/grad_scale/found_inf, and the
+// The list lengths, the hyperparameters, lr/grad_scale/found_inf/clip_coef, and the
 // packed state. Returns the call's device and state dtype (those of its
 // first active entry, which every other entry must share), or nullopt when
 // no entry is active: the call then changes nothing.

@@ -22,7 +22,7 @@ c10::OperatorHandle checked_asgd_op(const char* overload) {
   std::vector<std::string> names;
   for (const auto& a : op.schema().arguments()) {
     if (a.kwarg_only() && a.name() != "lr" && a.name() != "grad_scale" &&
-        a.name() != "found_inf") {
+        a.name() != "found_inf" && a.name() != "clip_coef") {
       names.push_back(a.name());
     }
   }
@@ -54,18 +54,20 @@ torch::jit::Stack asgd_stack(c10::IValue params, c10::IValue grads, c10::IValue 
                              c10::IValue mus, c10::IValue etas, c10::IValue steps,
                              const at::Tensor& lr, const ASGDHyperparams& h,
                              const std::optional<at::Tensor>& grad_scale,
-                             const std::optional<at::Tensor>& found_inf) {
+                             const std::optional<at::Tensor>& found_inf,
+                             const std::optional<at::Tensor>& clip_coef) {
   torch::jit::Stack stack;
-  stack.reserve(14);
+  stack.reserve(15);
   torch::jit::push(stack, std::move(params), std::move(grads), std::move(axs), std::move(mus),
                    std::move(etas), std::move(steps), lr, h.lambd, h.alpha, h.t0,
-                   h.weight_decay, h.maximize, grad_scale, found_inf);
+                   h.weight_decay, h.maximize, grad_scale, found_inf, clip_coef);
   return stack;
 }
 
 ASGDArgs asgd_args(TensorRefs params, TensorRefs grads, TensorRefs axs, const at::Tensor& lr,
                    const ASGDHyperparams& hyper, const std::optional<at::Tensor>& grad_scale,
-                   const std::optional<at::Tensor>& found_inf) {
+                   const std::optional<at::Tensor>& found_inf,
+                   const std::optional<at::Tensor>& clip_coef) {
   ASGDArgs a;
   static_cast<ASGDHyperparams&>(a) = hyper;
   a.params = std::move(params);
@@ -74,15 +76,17 @@ ASGDArgs asgd_args(TensorRefs params, TensorRefs grads, TensorRefs axs, const at
   a.lr = lr;
   a.grad_scale = grad_scale;
   a.found_inf = found_inf;
+  a.clip_coef = clip_coef;
   return a;
 }
 
 ASGDArgs asgd_args(TensorRefs params, TensorRefs grads, TensorRefs axs, TensorRefs mus,
                    TensorRefs etas, TensorRefs steps, const at::Tensor& lr,
                    const ASGDHyperparams& hyper, const std::optional<at::Tensor>& grad_scale,
-                   const std::optional<at::Tensor>& found_inf) {
+                   const std::optional<at::Tensor>& found_inf,
+                   const std::optional<at::Tensor>& clip_coef) {
   ASGDArgs a = asgd_args(std::move(params), std::move(grads), std::move(axs), lr, hyper,
-                         grad_scale, found_inf);
+                         grad_scale, found_inf, clip_coef);
   a.mus = std::move(mus);
   a.etas = std::move(etas);
   a.steps = std::move(steps);
@@ -92,9 +96,10 @@ ASGDArgs asgd_args(TensorRefs params, TensorRefs grads, TensorRefs axs, TensorRe
 ASGDArgs asgd_args(TensorRefs params, TensorRefs grads, TensorRefs axs, const at::Tensor& mus,
                    const at::Tensor& etas, const at::Tensor& steps, const at::Tensor& lr,
                    const ASGDHyperparams& hyper, const std::optional<at::Tensor>& grad_scale,
-                   const std::optional<at::Tensor>& found_inf) {
+                   const std::optional<at::Tensor>& found_inf,
+                   const std::optional<at::Tensor>& clip_coef) {
   ASGDArgs a = asgd_args(std::move(params), std::move(grads), std::move(axs), lr, hyper,
-                         grad_scale, found_inf);
+                         grad_scale, found_inf, clip_coef);
   a.packed_mus = mus;
   a.packed_etas = etas;
   a.packed_steps = steps;

@@ -58,6 +58,9 @@ struct ASGDArgs : ASGDHyperparams {
   // recompiles).
   at::Tensor lr;
   std::optional<at::Tensor> grad_scale, found_inf;
+  // A gradient clip's coefficient (float32 or float64, one element): the
+  // unscaled grads are multiplied by it, a second factor after grad_scale's.
+  std::optional<at::Tensor> clip_coef;
 
   bool packed() const { return packed_steps.defined(); }
   // Entry i takes part in the step only when it has a gradient: a param
@@ -93,21 +96,25 @@ torch::jit::Stack asgd_stack(c10::IValue params, c10::IValue grads, c10::IValue 
                              c10::IValue mus, c10::IValue etas, c10::IValue steps,
                              const at::Tensor& lr, const ASGDHyperparams& hyper,
                              const std::optional<at::Tensor>& grad_scale,
-                             const std::optional<at::Tensor>& found_inf);
+                             const std::optional<at::Tensor>& found_inf,
+                             const std::optional<at::Tensor>& clip_coef = std::nullopt);
 
 // ASGDArgs over one call's arguments. The TensorRefs point into the
 // caller's lists: use the result while they live. Without state (left to
 // the caller), with the state as lists (asgd_), or packed (asgd_.packed).
 ASGDArgs asgd_args(TensorRefs params, TensorRefs grads, TensorRefs axs, const at::Tensor& lr,
                    const ASGDHyperparams& hyper, const std::optional<at::Tensor>& grad_scale,
-                   const std::optional<at::Tensor>& found_inf);
+                   const std::optional<at::Tensor>& found_inf,
+                   const std::optional<at::Tensor>& clip_coef = std::nullopt);
 ASGDArgs asgd_args(TensorRefs params, TensorRefs grads, TensorRefs axs, TensorRefs mus,
                    TensorRefs etas, TensorRefs steps, const at::Tensor& lr,
                    const ASGDHyperparams& hyper, const std::optional<at::Tensor>& grad_scale,
-                   const std::optional<at::Tensor>& found_inf);
+                   const std::optional<at::Tensor>& found_inf,
+                   const std::optional<at::Tensor>& clip_coef = std::nullopt);
 ASGDArgs asgd_args(TensorRefs params, TensorRefs grads, TensorRefs axs, const at::Tensor& mus,
                    const at::Tensor& etas, const at::Tensor& steps, const at::Tensor& lr,
                    const ASGDHyperparams& hyper, const std::optional<at::Tensor>& grad_scale,
-                   const std::optional<at::Tensor>& found_inf);
+                   const std::optional<at::Tensor>& found_inf,
+                   const std::optional<at::Tensor>& clip_coef = std::nullopt);
 
 }  // namespace torchext

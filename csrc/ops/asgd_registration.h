@@ -26,10 +26,11 @@ void asgd_kernel(const TensorListArg& params, const TensorListArg& grads,
                  const State& steps, const at::Tensor& lr, double lambd, double alpha,
                  double t0, double weight_decay, bool maximize,
                  const std::optional<at::Tensor>& grad_scale,
-                 const std::optional<at::Tensor>& found_inf) {
+                 const std::optional<at::Tensor>& found_inf,
+                 const std::optional<at::Tensor>& clip_coef) {
   Impl(asgd_args(TensorRefs(params), TensorRefs(grads), TensorRefs(axs), state_arg(mus),
                  state_arg(etas), state_arg(steps), lr, {lambd, alpha, t0, weight_decay, maximize},
-                 grad_scale, found_inf));
+                 grad_scale, found_inf, clip_coef));
 }
 
 template <void (*Impl)(const ASGDArgs&)>

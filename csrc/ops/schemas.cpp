@@ -21,7 +21,11 @@ TORCH_LIBRARY(torchext, m) {
   // Fused ASGD step over lists, in place. Matches torch.optim.ASGD; when
   // found_inf != 0 nothing at all is written (not even step/eta/mu); when
   // grad_scale is given, grads are unscaled on the fly (multiplied by the
-  // float32 reciprocal, as GradScaler.unscale_ does). lr is a
+  // float32 reciprocal, as GradScaler.unscale_ does); when clip_coef is given
+  // (a float32 or float64 tensor: a gradient clip's coefficient), they are
+  // then multiplied by it, rounded after each factor as torch's unscale_ and
+  // clip leave the gradients (never folded into one factor, which the
+  // largest loss scales overflow). lr is a
   // 1-element tensor: on the CPU it is read on the host (no sync), on the
   // params' device it is read there (a changing lr neither syncs nor
   // recompiles). C++ callers may put an undefined tensor in grads: that
@@ -32,7 +36,7 @@ TORCH_LIBRARY(torchext, m) {
       "asgd_(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, "
       "Tensor(c! -> *)[] mus, Tensor(d! -> *)[] etas, Tensor(e! -> *)[] steps, *, "
       "Tensor lr, float lambd, float alpha, float t0, float weight_decay, bool maximize, "
-      "Tensor? grad_scale=None, Tensor? found_inf=None) -> ()");
+      "Tensor? grad_scale=None, Tensor? found_inf=None, Tensor? clip_coef=None) -> ()");
   // The same with the schedule state packed: mus, etas and steps are each
   // one 1-D tensor whose element i belongs to params[i] (what
   // torchext.optim.ASGD keeps: its state entries are views of these). Per
@@ -43,12 +47,18 @@ TORCH_LIBRARY(torchext, m) {
       "asgd_.packed(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, "
       "Tensor(c!) mus, Tensor(d!) etas, Tensor(e!) steps, *, "
       "Tensor lr, float lambd, float alpha, float t0, float weight_decay, bool maximize, "
-      "Tensor? grad_scale=None, Tensor? found_inf=None) -> ()");
+      "Tensor? grad_scale=None, Tensor? found_inf=None, Tensor? clip_coef=None) -> ()");
   // Read-only inf/NaN check: sets found_inf to 1 if any element is not finite.
   m.def("check_finite_(Tensor[] tensors, Tensor(a!) found_inf) -> ()");
   // tensors *= inv_scale, and found_inf = 1 if any input element is not
   // finite; one pass (torch's _amp_foreach_non_finite_check_and_unscale_).
-  m.def("unscale_(Tensor(a! -> *)[] tensors, Tensor(b!) found_inf, Tensor inv_scale) -> ()");
+  // With clip_coef (float32 or float64: a gradient clip's coefficient) each
+  // element is then multiplied by it too, rounded to the tensor's dtype after
+  // each factor: what torch's unscale_ followed by clip_grad_norm_ stores,
+  // in the same pass.
+  m.def(
+      "unscale_(Tensor(a! -> *)[] tensors, Tensor(b!) found_inf, Tensor inv_scale, "
+      "Tensor? clip_coef=None) -> ()");
   // Dynamic loss-scale update on the device: torch's _amp_update_scale_ plus
   // hysteresis and min/max clamps (math in elementwise_math.h).
   m.def(

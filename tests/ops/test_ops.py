@@ -68,13 +68,13 @@ class TestSchemas(_SnapshotCase):
 
     def test_schemas(self):
         self.assertExpectedInline(str(ops.asgd_.default._schema), """\
-torchext::asgd_(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, Tensor(c! -> *)[] mus, Tensor(d! -> *)[] etas, Tensor(e! -> *)[] steps, *, Tensor lr, float lambd, float alpha, float t0, float weight_decay, bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None) -> ()""")
+torchext::asgd_(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, Tensor(c! -> *)[] mus, Tensor(d! -> *)[] etas, Tensor(e! -> *)[] steps, *, Tensor lr, float lambd, float alpha, float t0, float weight_decay, bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None, Tensor? clip_coef=None) -> ()""")
         self.assertExpectedInline(str(ops.asgd_.packed._schema), """\
-torchext::asgd_.packed(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, Tensor(c!) mus, Tensor(d!) etas, Tensor(e!) steps, *, Tensor lr, float lambd, float alpha, float t0, float weight_decay, bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None) -> ()""")
+torchext::asgd_.packed(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, Tensor(c!) mus, Tensor(d!) etas, Tensor(e!) steps, *, Tensor lr, float lambd, float alpha, float t0, float weight_decay, bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None, Tensor? clip_coef=None) -> ()""")
         self.assertExpectedInline(str(ops.check_finite_.default._schema), """\
 torchext::check_finite_(Tensor[] tensors, Tensor(a!) found_inf) -> ()""")
         self.assertExpectedInline(str(ops.unscale_.default._schema), """\
-torchext::unscale_(Tensor(a! -> *)[] tensors, Tensor(b!) found_inf, Tensor inv_scale) -> ()""")
+torchext::unscale_(Tensor(a! -> *)[] tensors, Tensor(b!) found_inf, Tensor inv_scale, Tensor? clip_coef=None) -> ()""")
         self.assertExpectedInline(str(ops.tensor_norms.default._schema), """\
 torchext::tensor_norms(Tensor[] tensors, float ord=2., Tensor? inv_scale=None, Tensor(a!)? found_inf=None) -> Tensor""")
         self.assertExpectedInline(str(ops.update_scale_.default._schema), """\

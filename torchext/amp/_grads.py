@@ -1,5 +1,6 @@
-"""The gradients GradScaler checks and unscales: an optimizer's grads
-grouped by device, gathered and checked in full before anything is written."""
+"""The gradients GradScaler checks, measures and unscales: an optimizer's
+grads grouped by device, gathered and checked in full before anything is
+written."""
 from __future__ import annotations
 
 import torch
@@ -18,15 +19,20 @@ class GradsByDevice:
     shard). ``coalesced``: (param, coalesced grad) for uncoalesced fp16
     sparse grads; assigned to ``param.grad`` only by a pass that writes
     (unscale). ``sparse``: some grad was sparse (its values are in
-    ``lists``)."""
+    ``lists``; ``norm_lists`` has the values of their coalesced form, whose
+    norm is the gradient's). ``params``: every parameter of the optimizer, in
+    order, with or without a grad (what a pending clip records as seen)."""
 
     def __init__(self, optimizer, allow_fp16: bool) -> None:
         self.sharded = False
         self.sparse = False
         self.coalesced: list[tuple[Tensor, Tensor]] = []
+        self.params: list[Tensor] = []
         grads: list[Tensor] = []
+        norm_inputs: list[Tensor] = []
         for group in param_groups(optimizer):
             for param in group["params"]:
+                self.params.append(param)
                 if param.grad is None:
                     continue
                 # DTensor (FSDP2) grads: the ops check/unscale this rank's
@@ -35,15 +41,26 @@ class GradsByDevice:
                 self.sharded = self.sharded or grad is not param.grad
                 if not allow_fp16 and grad.dtype == torch.float16:
                     raise ValueError("Attempting to unscale FP16 gradients.")
+                norm_input = grad
                 if grad.is_sparse:
                     self.sparse = True
+                    norm_input = (grad if grad.is_coalesced() else grad.coalesce())._values()
                     if grad.dtype is torch.float16 and not grad.is_coalesced():
                         grad = grad.coalesce()
                         self.coalesced.append((param, grad))
                     grad = grad._values()
                 grads.append(grad)
+                norm_inputs.append(norm_input)
+        by_device = indices_by_device(grads)
         self.lists: dict[torch.device, list[Tensor]] = {
-            device: pick(grads, idx) for device, idx in indices_by_device(grads).items()}
+            device: pick(grads, idx) for device, idx in by_device.items()}
+        self.norm_lists: dict[torch.device, list[Tensor]] = (
+            {device: pick(norm_inputs, idx) for device, idx in by_device.items()}
+            if self.sparse else self.lists)
+
+    def all(self) -> list[Tensor]:
+        """Every gradient (sparse ones by their values), devices in turn."""
+        return [g for ts in self.lists.values() for g in ts]
 
     def validate(self, op) -> None:
         """Runs ``op``'s checks on every device's list but the first, on

@@ -20,8 +20,8 @@ import torch
 from torch import Tensor
 from torch.amp.grad_scaler import OptState
 
+from .. import _clip
 from .._compile_compat import STEP_GATE_FRAMES, gate_compiled_step, param_groups
-from ..nn.utils import clip_grad as _clip
 from . import _checkpoint, protocol
 from ._grads import GradsByDevice
 
@@ -233,15 +233,16 @@ class GradScaler(torch.amp.GradScaler):
         self._sync_found_inf(found_per_device, grads.sharded)
         return found_per_device
 
-    def _check_inf_grads(self, optimizer) -> dict[torch.device, Tensor]:
+    def _check_inf_grads(self, optimizer, allow_fp16: bool = True) -> dict[torch.device, Tensor]:
         """Read-only inf/NaN check of the grads (the fused step): they are
-        read once and nothing but the returned found_inf is written."""
-        found_per_device = protocol.fused_check(optimizer)
+        read once and nothing but the returned found_inf is written. fp16
+        grads are refused unless ``allow_fp16`` (unscale_'s rule)."""
+        found_per_device = protocol.fused_check(optimizer, allow_fp16)
         if found_per_device is not None:
             if self._process_group is not None:  # (else no sync: plain grads)
                 self._sync_found_inf(found_per_device, sharded=False)
             return found_per_device
-        grads = GradsByDevice(optimizer, allow_fp16=True)
+        grads = GradsByDevice(optimizer, allow_fp16)
         check = torch.ops.torchext.check_finite_
         grads.validate(check)
         found_per_device = {}
@@ -299,6 +300,22 @@ class GradScaler(torch.amp.GradScaler):
 
     # ------------------------------------------------------------------ clip
 
+    def stage(self, optimizer) -> OptState:
+        """This iteration's stage for ``optimizer``, torch's
+        :class:`~torch.amp.grad_scaler.OptState`: READY, UNSCALED (after
+        :meth:`unscale_` or :meth:`clip_grad_norm_`, as torch's recipe
+        unscales before it clips) or STEPPED. The public read of what
+        ``_per_optimizer_states[id(optimizer)]["stage"]`` holds."""
+        state = self._per_optimizer_states.get(id(optimizer)) if self._enabled else None
+        return OptState.READY if state is None else state["stage"]
+
+    def clip_pending(self, optimizer) -> bool:
+        """Whether a :meth:`clip_grad_norm_` of ``optimizer`` waits for its
+        step (``torchext/_clip.py``, ``PendingClip``): its gradients are then
+        still as the backward left them (scaled, not clipped)."""
+        state = self._per_optimizer_states.get(id(optimizer)) if self._enabled else None
+        return state is not None and state.get("clip") is not None
+
     def clip_grad_norm_(self, optimizer, max_norm: float, norm_type: float = 2.0,
                         error_if_nonfinite: bool = False) -> Tensor:
         """``unscale_(optimizer)`` + ``torch.nn.utils.clip_grad_norm_`` over the
@@ -308,105 +325,129 @@ class GradScaler(torch.amp.GradScaler):
         from one read of the gradients and no write.
 
         The clip coefficient ``min(max_norm / (total + 1e-6), 1)`` stays on the
-        device and the next :meth:`step` applies it: an optimizer of the
-        fused-step protocol (torchext's ASGD, torch's fused Adam/AdamW/SGD)
-        gets ``grad_scale = scale / coef`` and divides by it on the fly
-        (DeepSpeed's "combined scale"), so the gradients are never rewritten
-        and are still *scaled* after the step; any other optimizer gets its
-        gradients unscaled and clipped in one pass before its ``step()``, as
-        torch's recipe leaves them. After :meth:`unscale_` (Lightning's
-        order) only the coefficient is folded in. Once per optimizer per
-        iteration, before :meth:`step`. ``error_if_nonfinite=True`` reads the
-        norm on the host (refused under torch.compile and CUDA-graph capture).
-        With sharded (DTensor, FSDP2) gradients the norm is the global one, a
-        plain tensor: each rank's part is all-reduced over ``process_group``
+        device, in one pending clip (``torchext/_clip.py``, ``PendingClip``:
+        its whole life), and the next :meth:`step` applies it: an optimizer
+        of the fused-step protocol gets the two factors (torchext's ASGD
+        unscales and clips on the fly, torch's fused Adam/AdamW/SGD divide
+        by ``scale / coef`` where that float32 is finite), so the gradients
+        are not rewritten; any other optimizer gets its gradients unscaled
+        and clipped in one pass before its ``step()``, as torch's recipe
+        leaves them. Afterwards the stage is UNSCALED, as after torch's
+        ``unscale_``. After :meth:`unscale_` (Lightning's order) only the
+        coefficient waits. A second clip before the step composes as torch's
+        recipe does (the pending one is applied to the gradients, then they
+        are measured again: the smaller bound wins). fp16 gradients are
+        refused unless ``allow_fp16``, as torch's ``unscale_`` refuses them.
+        ``error_if_nonfinite=True`` reads the norm on the host (refused
+        under torch.compile and CUDA-graph capture); a refused call records
+        nothing. ``max_norm=inf`` measures and never clips. With sharded
+        (DTensor, FSDP2) gradients the norm is the global one, a plain
+        tensor: each rank's part is all-reduced over ``process_group``
         (default: the WORLD group)."""
         if not self._enabled:
-            # Nothing is scaled: the optimizer's own fused clip, or torch's.
-            own = getattr(optimizer, "clip_grad_norm_", None)
-            if own is not None:
-                return own(max_norm, norm_type, error_if_nonfinite)
-            return _clip.clip_grad_norm_(
+            # Nothing is scaled: torchext's optimizers fold their own clip;
+            # any other optimizer's gradients are clipped in place.
+            if getattr(optimizer, protocol.STEP, False):
+                return optimizer.clip_grad_norm_(max_norm, norm_type, error_if_nonfinite)
+            return _clip.clip_(
                 [p for g in param_groups(optimizer) for p in g["params"]], max_norm, norm_type,
                 error_if_nonfinite)
         self._check_scale_growth_tracker("clip_grad_norm_")
         state = self._optimizer_state(optimizer)
-        stage = state["stage"]
-        if stage is OptState.STEPPED:
+        if state["stage"] is OptState.STEPPED:
             raise RuntimeError("clip_grad_norm_() is being called after step().")
-        if "clip_coef" in state:
-            raise RuntimeError("clip_grad_norm_() has already been called on this optimizer "
-                               "since the last update().")
+        pending = state.get("clip")
+        if pending is not None:  # a second clip: the first, as torch's recipe leaves it, first
+            state = self._settle_clip(optimizer, state, pending)
         norm_type = float(norm_type)
-        unscaled = stage is OptState.UNSCALED
+        unscaled = state["stage"] is OptState.UNSCALED
         inv_scale = None if unscaled else self._scale.double().reciprocal().float()
+        allow_fp16 = unscaled or self._allow_fp16
         # Nothing below writes anything the scaler keeps until the end: a
         # refused call (bad grads, error_if_nonfinite) records nothing.
-        own = protocol.fused_norms(optimizer, norm_type, inv_scale)
+        own = protocol.fused_norms(optimizer, norm_type, inv_scale, allow_fp16)
+        sharded = False
         if own is not None:  # torchext's ASGD: through its C++ holders
-            norms, found_per_device = own
+            norms, found_per_device, seen = own
             if not norms:
-                return torch.tensor(0.0)  # torch's clip of no gradients
+                return self._record_no_grads(optimizer, state)
             with torch.no_grad():
                 total = _clip.total_norm_of(norms, norm_type, norms[0].device)
-            return self._record_clip(optimizer, state, total, max_norm, norm_type,
-                                     error_if_nonfinite, found_per_device, sharded=False)
-        grads = GradsByDevice(optimizer, allow_fp16=unscaled or self._allow_fp16)
-        if grads.sparse:
-            # Sparse values are no dense norm input: torch's recipe, unfused.
-            if not unscaled:
-                self.unscale_(optimizer)
-            total = _clip.clip_grad_norm_(
-                [p for g in param_groups(optimizer) for p in g["params"]], max_norm, norm_type,
-                error_if_nonfinite)
-            self._per_optimizer_states[id(optimizer)]["clip_coef"] = None
-            return total
-        if not grads.lists:
-            return torch.tensor(0.0)  # torch's clip of no gradients
-        lists = grads.lists
-        if grads.sharded:  # an empty local shard adds nothing to the global norm
-            lists = {d: [t for t in ts if t.numel()] for d, ts in lists.items()}
-        found_per_device: dict[torch.device, Tensor] | None = None if unscaled else {}
-        norms = []
-        with torch.no_grad():
-            for device, tensors in lists.items():
-                found = None
-                if not unscaled:  # (else unscale_ recorded found_inf)
-                    found = found_per_device[device] = torch.zeros((), dtype=torch.float32,
-                                                                   device=device)
-                norms.append(_clip.norms_of(tensors, norm_type, device, inv_scale, found))
-            total = _clip.total_norm_of(norms, norm_type, next(iter(lists)))
-            if grads.sharded:
-                total = _clip.reduce_sharded(total, norm_type, self._sharded_group())
-        return self._record_clip(optimizer, state, total, max_norm, norm_type,
-                                 error_if_nonfinite, found_per_device, grads.sharded)
-
-    def _record_clip(self, optimizer, state, total, max_norm, norm_type, error_if_nonfinite,
-                     found_per_device, sharded):
-        """The clip's end: the host check torch's error_if_nonfinite asks for,
-        then the coefficient and (grads still scaled) found_inf recorded."""
+        else:
+            grads = GradsByDevice(optimizer, allow_fp16)
+            if not grads.lists:
+                return self._record_no_grads(optimizer, state)
+            sharded = grads.sharded
+            lists = grads.norm_lists
+            if sharded:  # an empty local shard adds nothing to the global norm
+                lists = {d: [t for t in ts if t.numel()] for d, ts in lists.items()}
+            found_per_device = None if unscaled else {}
+            norms = []
+            with torch.no_grad():
+                for device, tensors in lists.items():
+                    found = None
+                    if not unscaled:  # (else unscale_ recorded found_inf)
+                        found = found_per_device[device] = torch.zeros(
+                            (), dtype=torch.float32, device=device)
+                    norms.append(_clip.norms_of(tensors, norm_type, device, inv_scale, found))
+                total = _clip.total_norm_of(norms, norm_type, next(iter(lists)))
+                if sharded:
+                    total = _clip.reduce_sharded(total, norm_type, self._sharded_group())
+            seen = None if torch.compiler.is_compiling() else [
+                torch.classes.torchext.GradsSeen(grads.params)]
         _clip.check_nonfinite(total, norm_type, error_if_nonfinite)
         with torch.no_grad():
             coef = _clip.clip_coef(total, max_norm)
         if found_per_device is not None:
             self._sync_found_inf(found_per_device, sharded)
             state["found_inf_per_device"] = found_per_device
-        state["clip_coef"] = coef
+        if coef is not None or not unscaled:
+            state["clip"] = _clip.PendingClip(optimizer, coef, not unscaled, seen)
+        state["stage"] = OptState.UNSCALED
         self._per_optimizer_states[id(optimizer)] = state
         return total
+
+    def _record_no_grads(self, optimizer, state) -> Tensor:
+        # torch's recipe over no gradients: unscale_ records no inf check (its
+        # step then raises for a plain optimizer, steps a no-op for a fused
+        # one), and the clip returns torch's tensor(0.).
+        if state["stage"] is OptState.READY:
+            state["found_inf_per_device"] = {}
+            state["stage"] = OptState.UNSCALED
+            self._per_optimizer_states[id(optimizer)] = state
+        return torch.tensor(0.0)
 
     def _sharded_group(self):
         import torch.distributed as dist
         return self._process_group if self._process_group is not None else dist.group.WORLD
 
-    def _apply_clip_(self, optimizer, stage, coef: Tensor) -> None:
-        """A plain optimizer's gradients unscaled and clipped in one pass
-        (only clipped after unscale_), before its step()."""
-        factor = coef if stage is OptState.UNSCALED else self._scale.double().reciprocal() * coef
+    def _settle_clip(self, optimizer, state, pending) -> dict:
+        """A pending clip made concrete before something needs the gradients
+        as torch's recipe leaves them: applied to them when they are still
+        those it measured (the record then says UNSCALED with no clip), else
+        dropped (with its inf check when it read scaled gradients: the
+        gradients are then READY to be checked afresh). Raises, changing
+        nothing, when they were written in place since. Returns the record."""
+        if pending.valid():
+            self._apply_clip_(optimizer, state, pending)
+        else:
+            del state["clip"]
+            if pending.scaled:
+                state["stage"] = OptState.READY
+                state["found_inf_per_device"] = {}
+        return state
+
+    def _apply_clip_(self, optimizer, state, pending) -> None:
+        """The pending clip applied to the optimizer's gradients in one pass
+        (unscaled and clipped, or only clipped after unscale_), as torch's
+        recipe leaves them; the record then says so."""
         grads = GradsByDevice(optimizer, allow_fp16=True)
+        for param, coalesced in grads.coalesced:
+            param.grad = coalesced
         with torch.no_grad():
-            _clip.multiply_([g for ts in grads.lists.values() for g in ts], factor.float())
-        self._per_optimizer_states[id(optimizer)]["stage"] = OptState.UNSCALED
+            pending.apply_(grads.all(), self._scale)
+        del state["clip"]
+        state["stage"] = OptState.UNSCALED
 
     # ------------------------------------------------------------------ step
 
@@ -432,10 +473,16 @@ class GradScaler(torch.amp.GradScaler):
 
         Optimizers with the fused-step protocol (``protocol.py``: torchext's
         ASGD, torch's fused Adam/AdamW/SGD) get ``grad_scale``/``found_inf``
-        and unscale on the fly (``grad_scale`` multiplied by one already set
-        on the optimizer, as torch). One whose ``step`` takes a
-        ``grad_scaler`` keyword gets this scaler that way instead, with
-        torch's FutureWarning.
+        (and a pending clip's factors: ``_clip.fold``) and unscale on the fly
+        (``grad_scale`` multiplied by one already set on the optimizer, as
+        torch). One whose ``step`` takes a ``grad_scaler`` keyword gets this
+        scaler that way instead, with torch's FutureWarning.
+
+        When the optimizer's step raises, the records say what the
+        gradients are: a fused step that raised wrote nothing, and keeps
+        the pending clip for a retry; gradients that were unscaled (and
+        clipped) in place before a plain optimizer's step stay so, and the
+        record says UNSCALED, so a retry does not multiply them again.
         """
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
@@ -448,8 +495,13 @@ class GradScaler(torch.amp.GradScaler):
         stage = OptState.READY if state is None else state["stage"]
         if stage is OptState.STEPPED:
             raise RuntimeError("step() has already been called since the last update().")
+        pending = None if state is None else state.get("clip")
+        if pending is not None and not pending.valid():  # (raises when written in place)
+            state = self._settle_clip(optimizer, state, pending)
+            stage, pending = state["stage"], None
         if protocol.takes_grad_scale(optimizer):
-            retval, found_per_device = self._fused_step(optimizer, stage, state, args, kwargs)
+            retval, found_per_device = self._fused_step(optimizer, stage, state, pending, args,
+                                                        kwargs)
             state = self._per_optimizer_states.get(id(optimizer))  # (the step may have made it)
             if state is None:  # (the usual case: made here, not by the defaultdict's factory)
                 self._per_optimizer_states[id(optimizer)] = {
@@ -457,28 +509,31 @@ class GradScaler(torch.amp.GradScaler):
             else:
                 state["found_inf_per_device"] = found_per_device
                 state["stage"] = OptState.STEPPED
+                state.pop("clip", None)  # consumed
             return retval
-        else:
-            coef = None if state is None else state.get("clip_coef")
-            if coef is not None:
-                self._apply_clip_(optimizer, stage, coef)
-            elif stage is OptState.READY:
-                self.unscale_(optimizer)
-            found_per_device = self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
-            if len(found_per_device) == 0:
-                raise AssertionError("No inf checks were recorded for this optimizer.")
-            retval = None
-            if not sum(v.item() for v in found_per_device.values()):
-                retval = optimizer.step(*args, **kwargs)
+        if pending is not None:
+            self._apply_clip_(optimizer, state, pending)
+        elif stage is OptState.READY:
+            self.unscale_(optimizer)
+        found_per_device = self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+        if len(found_per_device) == 0:
+            raise AssertionError("No inf checks were recorded for this optimizer.")
+        retval = None
+        if not sum(v.item() for v in found_per_device.values()):
+            retval = optimizer.step(*args, **kwargs)
         self._per_optimizer_states[id(optimizer)]["stage"] = OptState.STEPPED
         return retval
 
-    def _fused_step(self, optimizer, stage, state, args, kwargs):
+    def _fused_step(self, optimizer, stage, state, pending, args, kwargs):
         """The optimizer unscales (and, with no host read allowed, skips) by
-        itself. Nothing is recorded for it here: returns what its step
+        itself. Nothing is recorded for it here (but the pending clip, when it
+        must be applied to the gradients first): returns what its step
         returned and the found_inf per device to record. ``state``: its
         record of this iteration, None when there is none yet."""
-        if not getattr(optimizer, protocol.STEP, False) and _step_takes_grad_scaler(optimizer):
+        ours = getattr(optimizer, protocol.STEP, False)
+        if not ours and _step_takes_grad_scaler(optimizer):
+            if pending is not None:  # it unscales by itself, through this scaler
+                self._apply_clip_(optimizer, state, pending)
             warnings.warn(
                 "GradScaler is going to stop passing itself as a keyword argument to the passed "
                 "optimizer. In the near future GradScaler registers `grad_scale: Tensor` and "
@@ -487,52 +542,64 @@ class GradScaler(torch.amp.GradScaler):
             retval = optimizer.step(*args, **{**kwargs, "grad_scaler": self})
             # (what its step recorded through _check_inf_per_device, if anything)
             return retval, self._optimizer_state(optimizer)["found_inf_per_device"]
-        # clip_grad_norm_ checked the grads already (and unscale_ did)
-        coef = None if state is None else state.get("clip_coef")
-        if stage is OptState.READY and coef is None:
-            found_per_device = self._check_inf_grads(optimizer)
-        else:
+        # What torch's scaler treats as fused (its _step_supports_amp_scaling)
+        # steps fp16 grads and, with no grads, a no-op; any other optimizer is
+        # unscaled by torch's recipe, which refuses both.
+        torch_fused = protocol.torch_fused(optimizer)
+        if stage is OptState.READY:
+            found_per_device = self._check_inf_grads(optimizer, torch_fused or self._allow_fp16)
+        else:  # (unscale_ or clip_grad_norm_ checked the grads already)
             found_per_device = state["found_inf_per_device"]
+        device = self._scale.device
         if len(found_per_device) == 1:  # (the usual case, without _combined_found_inf's loops)
             found_inf, = found_per_device.values()
-            device = self._scale.device
             if found_inf.device != device:
                 found_inf = found_inf.to(device, non_blocking=True)
-        else:
+        elif found_per_device:
             found_inf = self._combined_found_inf(({"found_inf_per_device": found_per_device},))
+        elif torch_fused:
+            found_inf = torch.zeros((), dtype=torch.float32, device=device)
+        else:
+            raise AssertionError("No inf checks were recorded for this optimizer.")
         device_skip = protocol.must_not_sync(optimizer)
-        retval = None
-        if device_skip or not found_inf.item():
-            if device_skip and len(found_per_device) > 1:
-                # torch's fused kernels skip only when found_inf == 1.
-                found_inf = torch.clamp(found_inf, max=1.0)
-            # Already unscaled (e.g. for clipping): do not unscale twice. A
-            # grad_scale already on the optimizer is multiplied in, as torch
-            # does, and a pending clip coefficient divided in (the combined
-            # scale).
-            user_scale = getattr(optimizer, "grad_scale", _MISSING)
-            grad_scale = None if user_scale is _MISSING else user_scale
-            if stage is not OptState.UNSCALED:
-                grad_scale = self._scale if grad_scale is None else self._scale * grad_scale
-            if coef is not None:
-                coef = coef.to(self._scale.device, non_blocking=True)
-                grad_scale = (coef.reciprocal() if grad_scale is None
-                              else grad_scale / coef).float()
-            optimizer.grad_scale = grad_scale
-            optimizer.found_inf = found_inf if device_skip else None
-            try:
-                retval = optimizer.step(*args, **kwargs)
-            except BaseException:
-                # Refused: the optimizer keeps the grad_scale it had, if any.
-                if user_scale is _MISSING:
-                    del optimizer.grad_scale
-                else:
-                    optimizer.grad_scale = user_scale
-                del optimizer.found_inf
-                raise
-            del optimizer.grad_scale  # as torch, also one the user had set
+        if not device_skip and found_inf.item():
+            return None, found_per_device  # an overflow: not called, as torch
+        if device_skip and len(found_per_device) > 1:
+            # torch's fused kernels skip only when found_inf == 1.
+            found_inf = torch.clamp(found_inf, max=1.0)
+        unscaled = stage is OptState.UNSCALED and (pending is None or not pending.scaled)
+        factors = _clip.fold(pending, None if unscaled else self._scale,
+                             _clip.TWO_FACTORS if ours else _clip.ONE_FACTOR,
+                             may_read_host=not device_skip or protocol.host_read_allowed())
+        if factors.rewrite:  # one float32 grad_scale cannot carry the clip here
+            self._apply_clip_(optimizer, state, pending)
+        # A grad_scale already on the optimizer is multiplied in, as torch does.
+        user_scale = getattr(optimizer, "grad_scale", _MISSING)
+        grad_scale = factors.grad_scale
+        if user_scale is not _MISSING and user_scale is not None:
+            grad_scale = user_scale if grad_scale is None else grad_scale * user_scale
+        elif grad_scale is None and user_scale is not _MISSING:
+            grad_scale = user_scale
+        optimizer.grad_scale = grad_scale
+        optimizer.found_inf = found_inf if device_skip else None
+        if ours:
+            optimizer.clip_coef = factors.clip_coef
+        try:
+            retval = optimizer.step(*args, **kwargs)
+        finally:
+            # as torch: also a grad_scale the user had set is gone after a step;
+            # a step that raised leaves the optimizer's own as it was.
+            if user_scale is _MISSING:
+                del optimizer.grad_scale
+            else:
+                optimizer.grad_scale = user_scale
             del optimizer.found_inf
+            if ours:
+                del optimizer.clip_coef
+        if user_scale is not _MISSING:
+            del optimizer.grad_scale
         return retval, found_per_device
+
 
     # ---------------------------------------------------------------- update
 
@@ -661,6 +728,13 @@ class GradScaler(torch.amp.GradScaler):
                 "The source state dict is empty, possibly because it was saved "
                 "from a disabled instance of GradScaler.")
         sd = _checkpoint.parse_state_dict(state_dict)
+        # A clip pending between clip_grad_norm_() and step() unscales with
+        # the scale it measured: applied to the gradients before the scale
+        # changes (as torch's recipe has them at that point).
+        for state in list(self._per_optimizer_states.values()):
+            pending = state.get("clip")
+            if pending is not None:
+                self._settle_clip(pending.optimizer, state, pending)
         super().load_state_dict({k: sd[k] for k in _checkpoint.TORCH_KEYS})
         if sd["version"] >= 1:
             self._hysteresis = sd["hysteresis"]

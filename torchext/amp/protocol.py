@@ -17,18 +17,24 @@ A scaler has two ways to step an optimizer whose gradients were scaled:
 An optimizer opts into the fused step for **torchext's** scaler by defining
 
 * ``_torchext_amp_step = True``: its ``step()`` honours ``grad_scale`` and
-  ``found_inf`` as above;
-* optionally ``_torchext_amp_check(self) -> dict[device, Tensor] | None``:
-  its own read-only inf/NaN check of every gradient (found_inf per device,
-  0-d float32 tensors set to nonzero on inf/NaN), or None to let the scaler
-  gather the gradients itself. torchext's ASGD checks through the C++
-  holders of its state (no list from Python).
-
-* optionally ``_torchext_amp_norms(self, norm_type, inv_scale)``: the read
-  of ``GradScaler.clip_grad_norm_``: ``(norms, found_inf per device)``, the
-  per-tensor norms of every gradient (a list of 1-D tensors; of the unscaled
-  gradients with ``inv_scale``, and then with the inf/NaN check of the same
-  read), or None to let the scaler gather the gradients itself.
+  ``found_inf`` as above, and ``clip_coef`` (a pending clip's coefficient,
+  a 0-d float32/float64 tensor or None: the unscaled gradients are then
+  multiplied by it, a second factor after ``1 / grad_scale``, never folded
+  into it: ``torchext/_clip.py``, ``fold``); and ``clip_grad_norm_(max_norm,
+  norm_type, error_if_nonfinite)``, its own clip for when nothing is scaled;
+* optionally ``_torchext_amp_check(self, allow_fp16) -> dict[device, Tensor]
+  | None``: its own read-only inf/NaN check of every gradient (found_inf per
+  device, 0-d float32 tensors set to nonzero on inf/NaN; fp16 gradients
+  refused unless ``allow_fp16``, with unscale_'s ValueError), or None to let
+  the scaler gather the gradients itself. torchext's ASGD checks through
+  the C++ holders of its state (no list from Python).
+* optionally ``_torchext_amp_norms(self, norm_type, inv_scale, allow_fp16)``:
+  the read of ``GradScaler.clip_grad_norm_``: ``(norms, found_inf per
+  device, seen)``, the per-tensor norms of every gradient (a list of 1-D
+  tensors; of the unscaled gradients with ``inv_scale``, and then with the
+  inf/NaN check of the same read), and which gradients were measured (a
+  list of ``torch.classes.torchext.GradsSeen``), or None to let the scaler
+  gather the gradients itself.
 
 Even then torchext's scaler reads ``found_inf`` on the host and does not call
 ``step()`` on an overflow, as torch does for plain optimizers, unless no host
@@ -57,8 +63,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["STEP", "CHECK", "NORMS", "takes_grad_scale", "must_not_sync", "fused_check",
-           "fused_norms"]
+__all__ = ["STEP", "CHECK", "NORMS", "takes_grad_scale", "torch_fused", "host_read_allowed",
+           "must_not_sync", "fused_check", "fused_norms"]
 
 #: The protocol's names (single underscore, as torch's own
 #: ``_step_supports_amp_scaling``).
@@ -71,24 +77,35 @@ def takes_grad_scale(optimizer: Any) -> bool:
                 or getattr(optimizer, "_step_supports_amp_scaling", False))
 
 
-def must_not_sync(optimizer: Any) -> bool:
-    """Whether the skip must be decided on the device (no host read)."""
-    if torch.compiler.is_compiling():
-        return True
-    # (is_initialized: no capture without CUDA, and is_available costs a
-    # driver query per step)
-    if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
-        return True
+def torch_fused(optimizer: Any) -> bool:
+    """Whether torch's own scaler would step ``optimizer`` fused (its
+    ``_step_supports_amp_scaling``): torch then steps fp16 gradients, and a
+    no-op when there is none; any other optimizer it unscales first, which
+    refuses both. torchext's scaler keeps torch's answers for each."""
     return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
 
 
-def fused_check(optimizer: Any) -> dict[torch.device, Tensor] | None:
+def host_read_allowed() -> bool:
+    """False while torch.compile traces or a CUDA graph is being captured."""
+    if torch.compiler.is_compiling():
+        return False
+    # (is_initialized: no capture without CUDA, and is_available costs a
+    # driver query per step)
+    return not (torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing())
+
+
+def must_not_sync(optimizer: Any) -> bool:
+    """Whether the skip must be decided on the device (no host read)."""
+    return not host_read_allowed() or torch_fused(optimizer)
+
+
+def fused_check(optimizer: Any, allow_fp16: bool) -> dict[torch.device, Tensor] | None:
     """The optimizer's own read-only check, when it has one."""
     check = getattr(optimizer, CHECK, None)
-    return None if check is None else check()
+    return None if check is None else check(allow_fp16)
 
 
-def fused_norms(optimizer: Any, norm_type: float, inv_scale: Tensor | None):
+def fused_norms(optimizer: Any, norm_type: float, inv_scale: Tensor | None, allow_fp16: bool):
     """The optimizer's own read for the clip, when it has one."""
     norms = getattr(optimizer, NORMS, None)
-    return None if norms is None else norms(norm_type, inv_scale)
+    return None if norms is None else norms(norm_type, inv_scale, allow_fp16)

@@ -22,7 +22,7 @@ _PACKED = torch.ops.torchext.asgd_.packed
 # checks them exactly as the CPU/CUDA kernels do, and touches no data.
 _VALIDATE_ONLY = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 
-_NOT_HYPER = ("lr", "grad_scale", "found_inf")
+_NOT_HYPER = ("lr", "grad_scale", "found_inf", "clip_coef")
 _ARGS = [a for a in _LISTS._schema.arguments if a.kwarg_only and a.name not in _NOT_HYPER]
 #: The op's scalar hyperparameters, in schema order (lambd, alpha, t0, ...).
 HYPER: tuple[str, ...] = tuple(a.name for a in _ARGS)
@@ -60,20 +60,23 @@ def _overload(lists) -> Any:
 
 
 def call(lists: list, lr: float | Tensor, hyper: dict[str, Any],
-         grad_scale: Tensor | None, found_inf: Tensor | None) -> None:
+         grad_scale: Tensor | None, found_inf: Tensor | None,
+         clip_coef: Tensor | None = None) -> None:
     """One ``asgd_`` call over [params, grads, axs, mus, etas, steps] (the
     last three lists of 0-d tensors, or packed 1-D tensors)."""
     device = lists[0][0].device if lists[0] else None
     _overload(lists)(*lists, lr=lr_tensor(lr, device), **hyper, grad_scale=grad_scale,
-                     found_inf=found_inf)
+                     found_inf=found_inf, clip_coef=clip_coef)
 
 
 def validate(lists: list, lr: float | Tensor, hyper: dict[str, Any],
-             grad_scale: Tensor | None, found_inf: Tensor | None) -> None:
+             grad_scale: Tensor | None, found_inf: Tensor | None,
+             clip_coef: Tensor | None = None) -> None:
     """Raises what :func:`call` would raise for bad input, and writes nothing.
     Skipped while torch.compile traces: every op call is then checked by its
     Meta kernel at trace time, before any of them runs."""
     if torch.compiler.is_compiling():
         return
     _overload(lists).redispatch(_VALIDATE_ONLY, *lists, lr=lr_tensor(lr), **hyper,
-                                grad_scale=grad_scale, found_inf=found_inf)
+                                grad_scale=grad_scale, found_inf=found_inf,
+                                clip_coef=clip_coef)

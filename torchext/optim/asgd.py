@@ -10,8 +10,7 @@ from torch import Tensor
 from torch.optim import optimizer as _torch_optimizer
 from torch.optim.optimizer import Optimizer, ParamsT
 
-from .. import _devices
-from ..nn.utils import clip_grad as _clip
+from .. import _clip, _devices
 from .._compile_compat import (GroupsAlias, mark_step_not_wrapped, param_groups,
                                gate_compiled_step)
 from . import _checkpoint, _dtensor, _op
@@ -173,12 +172,13 @@ class ASGD(GroupsAlias, Optimizer):
                 return None
         return slots
 
-    def _torchext_amp_check(self) -> dict[torch.device, Tensor] | None:
+    def _torchext_amp_check(self, allow_fp16: bool = True) -> dict[torch.device, Tensor] | None:
         """The scaler's read-only inf/NaN check of every grad, through the
         C++ holders (no list from Python): found_inf per device (0-d
         float32), or None when a group has no holder (DTensor, unfused,
-        devices without kernels), has params on meta, or while torch.compile traces: the scaler then
-        gathers the grads itself."""
+        devices without kernels), has params on meta, or while torch.compile
+        traces: the scaler then gathers the grads itself. fp16 grads are
+        refused unless ``allow_fp16`` (unscale_'s rule)."""
         slots = self._holder_slots()
         if slots is None:
             return None
@@ -188,32 +188,35 @@ class ASGD(GroupsAlias, Optimizer):
                 check = sg.native_check or sg.holder().check_finite
                 device = sg.device
                 # (a device's first check makes its found_inf, in C++)
-                found[device] = check(found.get(device))
+                found[device] = check(found.get(device), allow_fp16)
         return found
 
-    def _torchext_amp_norms(self, norm_type: float, inv_scale: Tensor | None):
-        """GradScaler.clip_grad_norm_'s one read of every grad, through the
-        C++ holders (no list from Python): (the per-tensor norms, one tensor
-        per slot group, first the one holding the first param; found_inf per
-        device from the same read, or None without ``inv_scale``), or None
-        where ``_torchext_amp_check`` would be None (the scaler then gathers
-        the grads itself)."""
+    def _torchext_amp_norms(self, norm_type: float, inv_scale: Tensor | None,
+                            allow_fp16: bool = True):
+        """A clip's one read of every grad, through the C++ holders (no list
+        from Python): (the per-tensor norms, one tensor per slot group, first
+        the one holding the first param; found_inf per device from the same
+        read, or None without ``inv_scale``; which grads were measured, one
+        ``GradsSeen`` per slot group), or None where ``_torchext_amp_check``
+        would be None (the caller then gathers the grads itself)."""
         slots = self._holder_slots()
         if slots is None:
             return None
         check = inv_scale is not None
         norms: list[Tensor] = []
         found: dict[torch.device, Tensor] = {}
+        seen = []
         for pgs in slots:
             for sg in pgs.slot_groups:
-                sg.holder()
+                holder = sg.holder()
                 out = sg.native_norms(norm_type, _devices.on_device(inv_scale, sg.device),
-                                      found.get(sg.device), check)
+                                      found.get(sg.device), check, allow_fp16)
+                seen.append(holder.seen())
                 if out:
                     norms.append(out[0])
                     if check:
                         found[sg.device] = out[1]
-        return norms, (found if check else None)
+        return norms, (found if check else None), seen
 
     # -------------------------------------------------------------- clipping
 
@@ -225,27 +228,65 @@ class ASGD(GroupsAlias, Optimizer):
         the gradients, and the step multiplies each gradient by the clip
         coefficient on the fly instead of a pass that rewrites them. The
         gradients are left as they are (not clipped). No host sync unless
-        ``error_if_nonfinite``. The coefficient is used by the next step()
-        only. Gradients torchext's holders do not serve (DTensor, devices
-        without kernels) are clipped in place by torch's function instead;
-        sparse ones are refused, as the step refuses them. With a
-        GradScaler, call ``scaler.clip_grad_norm_(opt, ...)`` instead: these
-        grads are scaled."""
+        ``error_if_nonfinite``.
+
+        The coefficient waits in one pending clip (``torchext/_clip.py``,
+        ``PendingClip``: its whole life), applied by the next :meth:`step`
+        only and dropped by :meth:`zero_grad`. A second clip before the step
+        composes as torch's does: the first is applied to the gradients, then
+        they are measured again (the smaller bound wins, and the clipped norm
+        is returned). Gradients torchext's holders do not serve (DTensor,
+        devices without kernels) are clipped in place by torch's function
+        instead; sparse ones are refused, as the step refuses them. With an
+        enabled GradScaler call ``scaler.clip_grad_norm_(opt, ...)`` instead:
+        these grads are scaled."""
         norm_type = float(norm_type)
+        pending = self.__dict__.pop("_pending_clip", None)
+        if pending is not None and pending.valid():  # a second clip: the first applied
+            pending.apply_(self._grads(), None)
         own = self._torchext_amp_norms(norm_type, None)  # the holders' read, in C++
         if own is not None and own[0]:
-            norms = own[0]
+            norms, _, seen = own
         else:
             params = [p for g in param_groups(self) for p in g["params"]]
             grads = [p.grad for p in params if p.grad is not None]
             if not grads or not _clip.torchext_serves(grads):
-                return _clip.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite)
+                return _clip.clip_(params, max_norm, norm_type, error_if_nonfinite)
             norms = list(_clip.device_norms(grads, norm_type).values())
+            seen = (None if torch.compiler.is_compiling()
+                    else [torch.classes.torchext.GradsSeen(params)])
         with torch.no_grad():
             total = _clip.total_norm_of(norms, norm_type, norms[0].device)
             _clip.check_nonfinite(total, norm_type, error_if_nonfinite)
-            self._clip_coef = _clip.clip_coef(total, max_norm)
+            coef = _clip.clip_coef(total, max_norm)
+        if coef is not None:
+            self._pending_clip = _clip.PendingClip(self, coef, False, seen)
         return total
+
+    def _grads(self) -> list[Tensor]:
+        """Every param's grad (DTensors' local shards), in order."""
+        return [_dtensor.to_local(p.grad) for g in param_groups(self) for p in g["params"]
+                if p.grad is not None]
+
+    def _settle_clip(self) -> None:
+        """The pending clip, when its gradients are still those it measured,
+        applied to them as torch's clip leaves them (for what needs them so:
+        a state_dict, a copy); dropped when they were replaced; kept when they
+        were written in place (the step will refuse it)."""
+        pending = self.__dict__.get("_pending_clip")
+        if pending is None:
+            return
+        status = pending.status()
+        if status == _clip.SAME:
+            pending.apply_(self._grads(), None)
+        if status != _clip.WRITTEN:
+            del self._pending_clip
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """As torch's ``Optimizer.zero_grad`` (traceable by torch.compile),
+        and drops a pending :meth:`clip_grad_norm_`: its gradients are gone."""
+        self.__dict__.pop("_pending_clip", None)
+        super().zero_grad(set_to_none)
 
     # ------------------------------------------------------------------ step
 
@@ -265,38 +306,45 @@ class ASGD(GroupsAlias, Optimizer):
             with torch.enable_grad():
                 loss = closure()
         # Set by a GradScaler (torch's _step_supports_amp_scaling contract, or
-        # torchext's _torchext_amp_step): unscale on the fly, skip on device.
+        # torchext's _torchext_amp_step): unscale on the fly, skip on device;
+        # and a scaler's pending clip (its coefficient, a second factor).
         grad_scale = getattr(self, "grad_scale", None)
         found_inf = getattr(self, "found_inf", None)
-        # A clip_grad_norm_ since the last step: its coefficient divided into
-        # the scale the op divides by (grads * coef, never rewritten).
-        coef = getattr(self, "_clip_coef", None)
-        if coef is not None:
-            coef = coef.float()
-            grad_scale = coef.reciprocal() if grad_scale is None else grad_scale / coef.to(
-                grad_scale.device, non_blocking=True)
+        clip_coef = getattr(self, "clip_coef", None)
+        # This optimizer's own pending clip (clip_grad_norm_ without a scaler).
+        pending = self.__dict__.get("_pending_clip")
+        if pending is not None:
+            if not pending.valid():  # (raises, changing nothing, when written in place)
+                del self._pending_clip
+                pending = None
+            elif clip_coef is None:
+                clip_coef = pending.coef
+            else:  # a clip of scaled grads, and the scaler's: both apply
+                clip_coef = clip_coef * pending.coef.to(clip_coef.device, non_blocking=True)
+        if clip_coef is not None and clip_coef.dtype not in (torch.float32, torch.float64):
+            clip_coef = clip_coef.float()
         if torch.compiler.is_compiling():
             with torch.set_grad_enabled(self.defaults["differentiable"]):
-                self._run_step(grad_scale, found_inf, eager=False, created=[])
+                self._run_step(grad_scale, found_inf, clip_coef, eager=False, created=[])
         else:
             # Eager: set_grad_enabled without its context manager (~0.6 us a step).
             grad_was = torch.is_grad_enabled()
             torch._C._set_grad_enabled(self.defaults["differentiable"])
             created: list = []
             try:
-                self._run_step(grad_scale, found_inf, True, created)
+                self._run_step(grad_scale, found_inf, clip_coef, True, created)
             except BaseException:
                 self._forget_state(created)
                 raise
             finally:
                 torch._C._set_grad_enabled(grad_was)
-        if coef is not None:
-            del self._clip_coef  # used once: a refused step keeps it
+        if pending is not None:
+            del self._pending_clip  # consumed: a refused step keeps it
         return loss
 
     step = mark_step_not_wrapped(gate_compiled_step(_hooked_step(step)))
 
-    def _run_step(self, grad_scale, found_inf, eager: bool, created: list) -> None:
+    def _run_step(self, grad_scale, found_inf, clip_coef, eager: bool, created: list) -> None:
         """The one step path, in torch's adam.py shape: gather each slot group
         (a group's params on one device with one t0) into its op call, then
         run them all through ``functional.run_calls`` (validated before the
@@ -314,21 +362,23 @@ class ASGD(GroupsAlias, Optimizer):
                 grad_scale = _devices.on_device(grad_scale, sg.device)
             if found_inf is not None:
                 found_inf = _devices.on_device(found_inf, sg.device)
+            if clip_coef is not None:
+                clip_coef = _devices.on_device(clip_coef, sg.device)
             lr_t, hyper = sg.holder_args(pgs.group)
-            missing = run(False, lr_t, hyper, grad_scale, found_inf)
+            missing = run(False, lr_t, hyper, grad_scale, found_inf, clip_coef)
             if missing:  # (as HolderCall.run: nothing was done)
                 self._create_state(sg, missing, pgs.group["lr"], created)
-                run(False, lr_t, hyper, grad_scale, found_inf)
+                run(False, lr_t, hyper, grad_scale, found_inf, clip_coef)
             return
         calls = []
         for pgs in slots:
             for sg in pgs.slot_groups:
-                call = self._call(pgs, sg, eager, grad_scale, found_inf, created)
+                call = self._call(pgs, sg, eager, grad_scale, found_inf, clip_coef, created)
                 if call is not None:
                     calls.append(call)
         F.run_calls(calls)
 
-    def _call(self, pgs, sg, eager: bool, grad_scale, found_inf, created):
+    def _call(self, pgs, sg, eager: bool, grad_scale, found_inf, clip_coef, created):
         """A slot group's op call: through its C++ holder (eager, fused,
         plain tensors: no list from Python), else from its gathered lists
         (None when no param has a grad)."""
@@ -340,12 +390,14 @@ class ASGD(GroupsAlias, Optimizer):
             return F.HolderCall(sg.native_run, lr_t, hyper,
                                 _devices.on_device(grad_scale, sg.device),
                                 _devices.on_device(found_inf, sg.device),
+                                _devices.on_device(clip_coef, sg.device),
                                 make_state=lambda idx: self._create_state(sg, idx, lr, created))
         lists = self._gather(sg, lr, created, pgs.fused)
         if lists is None:
             return None
         hyper = _op.hyper_of(group, t0=group["t0"] if sg.t0 is None else sg.t0)
-        return F.list_call(lists, pgs.fused, lr, hyper, group["capturable"], grad_scale, found_inf)
+        return F.list_call(lists, pgs.fused, lr, hyper, group["capturable"], grad_scale, found_inf,
+                           clip_coef)
 
     def _with_grads(self, sg, lr, created) -> list[int]:
         """Positions of sg's params that have a grad, their state created
@@ -461,7 +513,9 @@ class ASGD(GroupsAlias, Optimizer):
         own_containers(self, self._gen)
 
     def __getstate__(self) -> dict[str, Any]:
+        self._settle_clip()  # (a copy holds no pending clip: its grads are not copied with it)
         state = super().__getstate__()
+        state.pop("_pending_clip", None)
         if getattr(self, _averaging.FLAG, False):
             # Pickled inside averaged_parameters() (AWD-LSTM saves the
             # optimizer there): the params hold the averages and the state's
@@ -472,7 +526,10 @@ class ASGD(GroupsAlias, Optimizer):
     @torch._disable_dynamo
     def state_dict(self) -> dict[str, Any]:
         """As torch's, with every param's state a plain dict (loads with
-        ``torch.load(weights_only=True)``)."""
+        ``torch.load(weights_only=True)``). A pending :meth:`clip_grad_norm_`
+        is first applied to the gradients, as torch's clip leaves them, so
+        that an optimizer rebuilt from this state_dict steps them clipped."""
+        self._settle_clip()
         sd = super().state_dict()
         sd["state"] = {k: dict(v) if isinstance(v, dict) else v for k, v in sd["state"].items()}
         return sd

@@ -1,7 +1,7 @@
 """Functional ASGD: the same update as ``torch.optim.ASGD``, on lists.
 
 ``asgd(...)`` mirrors ``torch.optim.asgd.asgd`` (same list arguments and
-keywords) and adds ``fused``, ``grad_scale`` and ``found_inf``. The fused path
+keywords) and adds ``fused``, ``grad_scale``, ``found_inf`` and ``clip_coef``. The fused path
 is one ``torch.ops.torchext.asgd_`` call per device and t0; each is what
 ``torch.compile``/``torch.export`` see as a single op.
 
@@ -53,12 +53,12 @@ def use_fused(params: list[Tensor], fused: bool | None, differentiable: bool) ->
 
 class ListCall:
     """What a call over lists [params, grads, axs, mus, etas, steps] holds:
-    the lists, lr, the hyperparameters and grad_scale/found_inf."""
-    __slots__ = ("lists", "lr", "hyper", "grad_scale", "found_inf")
+    the lists, lr, the hyperparameters and grad_scale/found_inf/clip_coef."""
+    __slots__ = ("lists", "lr", "hyper", "grad_scale", "found_inf", "clip_coef")
 
-    def __init__(self, lists, lr, hyper, grad_scale, found_inf) -> None:
+    def __init__(self, lists, lr, hyper, grad_scale, found_inf, clip_coef=None) -> None:
         self.lists, self.lr, self.hyper = lists, lr, hyper
-        self.grad_scale, self.found_inf = grad_scale, found_inf
+        self.grad_scale, self.found_inf, self.clip_coef = grad_scale, found_inf, clip_coef
 
 
 class FusedCall(ListCall):
@@ -68,10 +68,12 @@ class FusedCall(ListCall):
     atomic = True
 
     def validate(self) -> None:
-        _op.validate(self.lists, self.lr, self.hyper, self.grad_scale, self.found_inf)
+        _op.validate(self.lists, self.lr, self.hyper, self.grad_scale, self.found_inf,
+                     self.clip_coef)
 
     def run(self) -> None:
-        _op.call(self.lists, self.lr, self.hyper, self.grad_scale, self.found_inf)
+        _op.call(self.lists, self.lr, self.hyper, self.grad_scale, self.found_inf,
+                 self.clip_coef)
 
 
 class ReferenceCall(ListCall):
@@ -80,19 +82,21 @@ class ReferenceCall(ListCall):
     __slots__ = ("capturable",)
     atomic = False
 
-    def __init__(self, lists, lr, hyper, grad_scale, found_inf, capturable: bool) -> None:
-        super().__init__(lists, lr, hyper, grad_scale, found_inf)
+    def __init__(self, lists, lr, hyper, grad_scale, found_inf, clip_coef,
+                 capturable: bool) -> None:
+        super().__init__(lists, lr, hyper, grad_scale, found_inf, clip_coef)
         self.capturable = capturable
 
     def validate(self) -> None:
         if torch.compiler.is_compiling():  # as _op.validate: the Meta kernels check
             return
         _op.validate(list(_dtensor.to_local_lists(*self.lists)), self.lr, self.hyper,
-                     self.grad_scale, self.found_inf)
+                     self.grad_scale, self.found_inf, self.clip_coef)
 
     def run(self) -> None:
         reference_asgd(*self.lists, lr=self.lr, capturable=self.capturable,
-                       grad_scale=self.grad_scale, found_inf=self.found_inf, **self.hyper)
+                       grad_scale=self.grad_scale, found_inf=self.found_inf,
+                       clip_coef=self.clip_coef, **self.hyper)
 
 
 class HolderCall:
@@ -107,10 +111,10 @@ class HolderCall:
     __slots__ = ("holder_run", "args", "make_state")
     atomic = True
 
-    def __init__(self, run, lr: Tensor, hyper: list[float], grad_scale, found_inf,
+    def __init__(self, run, lr: Tensor, hyper: list[float], grad_scale, found_inf, clip_coef,
                  make_state) -> None:
         self.holder_run = run
-        self.args = (lr, hyper, grad_scale, found_inf)
+        self.args = (lr, hyper, grad_scale, found_inf, clip_coef)
         self.make_state = make_state
 
     def _run(self, validate_only: bool) -> None:
@@ -126,14 +130,16 @@ class HolderCall:
         self._run(False)
 
 
-def list_call(lists, fused: bool, lr, hyper, capturable: bool, grad_scale, found_inf):
+def list_call(lists, fused: bool, lr, hyper, capturable: bool, grad_scale, found_inf,
+              clip_coef=None):
     """The call for lists on one device with one t0: the fused op, or
-    torch's for-loop. grad_scale/found_inf are moved to that device."""
+    torch's for-loop. grad_scale/found_inf/clip_coef are moved to that device."""
     device = _dtensor.to_local(lists[0][0]).device
     scale, inf = _devices.on_device(grad_scale, device), _devices.on_device(found_inf, device)
+    coef = _devices.on_device(clip_coef, device)
     if fused:
-        return FusedCall(lists, lr, hyper, scale, inf)
-    return ReferenceCall(lists, lr, hyper, scale, inf, capturable)
+        return FusedCall(lists, lr, hyper, scale, inf, coef)
+    return ReferenceCall(lists, lr, hyper, scale, inf, coef, capturable)
 
 
 def run_calls(calls) -> None:
@@ -169,6 +175,7 @@ def asgd(
     fused: bool | None = None,
     grad_scale: Tensor | None = None,
     found_inf: Tensor | None = None,
+    clip_coef: Tensor | None = None,
 ) -> None:
     """One ASGD step over lists, in place; nothing changes when it raises.
 
@@ -177,7 +184,11 @@ def asgd(
     pure-torch path runs (the same math, op for op as torch.optim.ASGD's
     for-loop, so autograd can flow). ``grad_scale``/``found_inf`` follow
     torch's ``_step_supports_amp_scaling`` contract: grads are unscaled on
-    the fly, and nothing changes when ``found_inf`` is non-zero. ``t0`` may
+    the fly, and nothing changes when ``found_inf`` is non-zero.
+    ``clip_coef`` (a 0-d float32/float64 tensor, a gradient clip's
+    coefficient) multiplies the unscaled grads on the fly, a second factor
+    after ``1 / grad_scale`` (as torch's ``unscale_`` then ``clip_grad_norm_``
+    leave them), never folded into ``grad_scale``. ``t0`` may
     be one value per parameter (what ``ASGD.start_averaging`` records when a
     group's parameters took different numbers of steps).
 
@@ -201,13 +212,14 @@ def asgd(
         if fused:
             sub = [list(x) for x in _dtensor.to_local_lists(*sub)]
         calls.append(list_call(sub, fused, lr, _op.hyper_of(hyper, t0=float(t0) if t is None else t),
-                               capturable, grad_scale, found_inf))
+                               capturable, grad_scale, found_inf, clip_coef))
     run_calls(calls)
 
 
 def reference_asgd(params, grads, axs, mus, etas, steps, *, lr, lambd, alpha, t0,
-                   weight_decay, maximize, capturable, grad_scale, found_inf):
-    """torch.optim.ASGD's for-loop update, op for op, plus grad_scale/found_inf.
+                   weight_decay, maximize, capturable, grad_scale, found_inf, clip_coef=None):
+    """torch.optim.ASGD's for-loop update, op for op, plus grad_scale/found_inf
+    and clip_coef (torch's recipe: grads * inv_scale, then * clip_coef).
 
     Used for differentiable=True, fused=False and devices without kernels.
     It syncs (like torch's non-capturable path) unless capturable=True.
@@ -227,6 +239,8 @@ def reference_asgd(params, grads, axs, mus, etas, steps, *, lr, lambd, alpha, t0
             t0 = t0s[i]
         if inv_scale is not None:
             grad = grad * inv_scale.to(grad.device)
+        if clip_coef is not None:
+            grad = grad * clip_coef.to(grad.device)
         grad = grad if not maximize else -grad
         if torch.is_complex(param):
             grad = torch.view_as_real(grad)

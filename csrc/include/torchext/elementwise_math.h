@@ -56,11 +56,13 @@ C10_HOST_DEVICE inline double fma_rn(double a, double b, double c) { return std:
 template <typename V>
 struct ASGDCoeffs {
   V inv_scale;     // 1/grad_scale (float32-rounded, as torch's unscale_ uses)
+  V clip;          // a gradient clip's coefficient, applied after inv_scale
   V weight_decay;  // signed: -wd when maximizing (see make_asgd_coeffs)
   V decay;         // 1 - lambd * eta
   V step_size;     // -eta, or +eta when maximizing
   V mu;
   bool unscale;
+  bool clipped;
   bool has_weight_decay;
   bool average;    // false when mu == 1: torch then copies param into ax
 };
@@ -73,13 +75,22 @@ struct ASGDCoeffs {
 // Maximize is folded into signs, bit-exactly: torch computes
 //   g' = -g + wd*p ; p = p*decay + (-eta)*g'
 // and negation is exact, so p*decay + eta*(g + (-wd)*p) gives the same bits.
+//
+// A clip coefficient is a second factor, never folded into inv_scale: torch's
+// recipe multiplies by inv_scale (unscale_), then by the coefficient (the
+// clip), and their product is not representable at every scale torch's
+// scaler reaches (2^127 / coef overflows float32). It is rounded to the
+// compute type, as torch's `grad.mul_(coef)` rounds a float64 coefficient for
+// float32 grads.
 template <typename T>
 C10_HOST_DEVICE inline ASGDCoeffs<T> make_asgd_coeffs(
     double eta, double mu, double lambd, double weight_decay, bool maximize,
-    bool unscale, float inv_scale) {
+    bool unscale, float inv_scale, bool clipped = false, double clip = 1.0) {
   ASGDCoeffs<T> c;
   c.inv_scale = static_cast<T>(inv_scale);
   c.unscale = unscale;
+  c.clip = static_cast<T>(clip);
+  c.clipped = clipped;
   c.has_weight_decay = weight_decay != 0.0;
   c.weight_decay = static_cast<T>(maximize ? -weight_decay : weight_decay);
   c.decay = static_cast<T>(sub(1.0, mul(lambd, eta)));
@@ -120,6 +131,9 @@ template <typename V, typename C, typename MulAdd = SeparateMulAdd>
 C10_HOST_DEVICE inline void asgd_update(V& p, V& ax, V g, const C& c, MulAdd madd = {}) {
   if (c.unscale) {
     g = mul(g, c.inv_scale);            // GradScaler.unscale_: grad * inv_scale
+  }
+  if (c.clipped) {
+    g = mul(g, c.clip);                 // clip_grad_norm_: grad * clip_coef
   }
   if (c.has_weight_decay) {
     g = madd(p, c.weight_decay, g);     // grad.add(param, alpha=weight_decay)

@@ -19,7 +19,8 @@ namespace {
 
 // Runs scan_span over every tensor, chunked and in parallel; returns whether
 // any element was not finite.
-bool scan_tensors(at::TensorList tensors, bool scale, float inv_scale) {
+bool scan_tensors(at::TensorList tensors, bool scale, float inv_scale, bool clipped = false,
+                  double clip = 1.0) {
   const size_t n = tensors.size();
   std::vector<DenseOne> dense;  // only for tensors that are not flat real memory
   std::vector<int64_t> numels(n);
@@ -43,7 +44,7 @@ bool scan_tensors(at::TensorList tensors, bool scale, float inv_scale) {
   cpu::for_each_chunk(numels, [&](const cpu::Chunk& ch) {
     const at::ScalarType dtype = dtypes[ch.tensor];
     char* x = ptrs[ch.tensor] + ch.begin * static_cast<int64_t>(c10::elementSize(dtype));
-    if (isa.scan_span(dtype, x, ch.end - ch.begin, scale, inv_scale)) {
+    if (isa.scan_span(dtype, x, ch.end - ch.begin, scale, inv_scale, clipped, clip)) {
       found.store(true, std::memory_order_relaxed);
     }
   });
@@ -61,11 +62,13 @@ void check_finite_cpu(at::TensorList tensors, const at::Tensor& found_inf) {
 }
 
 void unscale_cpu(at::TensorList tensors, const at::Tensor& found_inf,
-                 const at::Tensor& inv_scale) {
-  check_unscale_args(tensors, found_inf, inv_scale);
+                 const at::Tensor& inv_scale, const std::optional<at::Tensor>& clip_coef) {
+  check_unscale_args(tensors, found_inf, inv_scale, clip_coef);
   const float inv = static_cast<float>(read_cpu_scalar(inv_scale));
+  const bool clipped = clip_coef.has_value();
+  const double clip = clipped ? read_cpu_scalar(*clip_coef) : 1.0;
   // Like torch: a 1.0 inv_scale only checks, it does not rewrite the grads.
-  if (scan_tensors(tensors, /*scale=*/inv != 1.0f, inv)) {
+  if (scan_tensors(tensors, /*scale=*/inv != 1.0f || clipped, inv, clipped, clip)) {
     write_cpu_scalar(found_inf, 1.0);
   }
 }

@@ -49,6 +49,8 @@ void asgd_cpu_impl(const ASGDArgs& a) {
   // torch's GradScaler unscales with a float32 reciprocal computed in double.
   const float inv_scale =
       unscale ? static_cast<float>(1.0 / read_cpu_scalar(*a.grad_scale)) : 1.0f;
+  const bool clipped = a.clip_coef.has_value();
+  const double clip = clipped ? read_cpu_scalar(*a.clip_coef) : 1.0;
   const double lr = a.lr_on_host();
 
   // One pass (on the calling thread, not in the workers) checks each entry
@@ -68,7 +70,7 @@ void asgd_cpu_impl(const ASGDArgs& a) {
     const double eta = state_is_double ? load<double>(slot.eta) : load<float>(slot.eta);
     const double mu = state_is_double ? load<double>(slot.mu) : load<float>(slot.mu);
     spans.push_back({e.dtype, e.p, e.ax, e.g, e.numel, eta, mu, a.lambd, a.weight_decay,
-                     a.maximize, unscale, inv_scale});
+                     a.maximize, unscale, inv_scale, clipped, clip});
     numels.push_back(e.numel);
   });
   if (a.found_inf.has_value() && read_cpu_scalar(*a.found_inf) != 0.0) {

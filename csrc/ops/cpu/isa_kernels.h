@@ -26,14 +26,18 @@ struct ASGDSpan {
   double eta, mu, lambd, weight_decay;
   bool maximize, unscale;
   float inv_scale;
+  bool clipped = false;  // multiply by clip after inv_scale
+  double clip = 1.0;
 };
 
 struct Kernels {
   const char* isa;
   void (*asgd_span)(const ASGDSpan&);
   // Returns true if some element of x[0, n) is not finite; when `scale`,
-  // also multiplies the span by inv_scale in the same pass.
-  bool (*scan_span)(at::ScalarType dtype, void* x, int64_t n, bool scale, float inv_scale);
+  // also multiplies the span by inv_scale in the same pass, and then, when
+  // `clipped`, by clip (rounded to x's dtype after each factor).
+  bool (*scan_span)(at::ScalarType dtype, void* x, int64_t n, bool scale, float inv_scale,
+                    bool clipped, double clip);
   // tensor_norms: folds the magnitudes of x[0, n) (of x * inv_scale rounded
   // to x's dtype, when `scale`) into a norm's running value
   // (math::norm_fold; `pairs`: x holds complex numbers as (re, im) pairs,

@@ -42,16 +42,17 @@ struct IsaMulAdd {
 
 template <typename T>
 math::ASGDCoeffs<Vectorized<T>> broadcast(const math::ASGDCoeffs<T>& c) {
-  return {Vectorized<T>(c.inv_scale), Vectorized<T>(c.weight_decay), Vectorized<T>(c.decay),
-          Vectorized<T>(c.step_size), Vectorized<T>(c.mu), c.unscale, c.has_weight_decay,
-          c.average};
+  return {Vectorized<T>(c.inv_scale), Vectorized<T>(c.clip), Vectorized<T>(c.weight_decay),
+          Vectorized<T>(c.decay), Vectorized<T>(c.step_size), Vectorized<T>(c.mu), c.unscale,
+          c.clipped, c.has_weight_decay, c.average};
 }
 
 template <typename scalar_t>
 void asgd_typed(const ASGDSpan& s) {
   using opmath_t = at::opmath_type<scalar_t>;
   const auto c = math::make_asgd_coeffs<opmath_t>(s.eta, s.mu, s.lambd, s.weight_decay,
-                                                  s.maximize, s.unscale, s.inv_scale);
+                                                  s.maximize, s.unscale, s.inv_scale,
+                                                  s.clipped, s.clip);
   const auto cv = broadcast(c);
   auto* p = static_cast<scalar_t*>(s.p);
   auto* ax = static_cast<scalar_t*>(s.ax);
@@ -99,31 +100,43 @@ inline V poison(const V& acc, const V& x) {
 }
 
 template <typename scalar_t>
-bool scan_typed(scalar_t* x, int64_t n, bool scale, float inv_scale) {
+bool scan_typed(scalar_t* x, int64_t n, bool scale, float inv_scale, bool clipped,
+                double clip) {
   using opmath_t = at::opmath_type<scalar_t>;
   using Vec = Vectorized<opmath_t>;
   const Vec vinv(static_cast<opmath_t>(inv_scale));
+  const Vec vclip(static_cast<opmath_t>(clip));
   Vec acc(0);
   int64_t i = 0;
   if constexpr (std::is_same_v<opmath_t, scalar_t>) {
     for (; i + Vec::size() <= n; i += Vec::size()) {
       const Vec v = Vec::loadu(x + i);
       acc = poison(acc, v);
-      if (scale) (v * vinv).store(x + i);
+      if (scale) (clipped ? v * vinv * vclip : v * vinv).store(x + i);
     }
   } else {
     using RVec = Vectorized<scalar_t>;
     for (; i + RVec::size() <= n; i += RVec::size()) {
       auto [v0, v1] = at::vec::convert_to_float<scalar_t>(RVec::loadu(x + i));
       acc = poison(poison(acc, v0), v1);
-      if (scale) at::vec::convert_from_float<scalar_t>(v0 * vinv, v1 * vinv).store(x + i);
+      if (scale) {
+        RVec r = at::vec::convert_from_float<scalar_t>(v0 * vinv, v1 * vinv);
+        if (clipped) {  // unscale_ stored r; the clip multiplies what it stored
+          auto [u0, u1] = at::vec::convert_to_float<scalar_t>(r);
+          r = at::vec::convert_from_float<scalar_t>(u0 * vclip, u1 * vclip);
+        }
+        r.store(x + i);
+      }
     }
   }
   opmath_t tail = 0;
   for (; i < n; ++i) {
     const opmath_t v = static_cast<opmath_t>(x[i]);
     tail = tail + v * opmath_t(0);
-    if (scale) x[i] = static_cast<scalar_t>(v * static_cast<opmath_t>(inv_scale));
+    if (scale) {
+      x[i] = static_cast<scalar_t>(v * static_cast<opmath_t>(inv_scale));
+      if (clipped) x[i] = static_cast<scalar_t>(static_cast<opmath_t>(x[i]) * static_cast<opmath_t>(clip));
+    }
   }
   bool bad = math::non_finite(tail);
   __at_align__ opmath_t lanes[Vec::size()];
@@ -132,10 +145,11 @@ bool scan_typed(scalar_t* x, int64_t n, bool scale, float inv_scale) {
   return bad;
 }
 
-bool scan_span(at::ScalarType dtype, void* x, int64_t n, bool scale, float inv_scale) {
+bool scan_span(at::ScalarType dtype, void* x, int64_t n, bool scale, float inv_scale,
+               bool clipped, double clip) {
   bool bad = false;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "scan_cpu", [&] {
-    bad = scan_typed(static_cast<scalar_t*>(x), n, scale, inv_scale);
+    bad = scan_typed(static_cast<scalar_t*>(x), n, scale, inv_scale, clipped, clip);
   });
   return bad;
 }

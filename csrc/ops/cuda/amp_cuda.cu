@@ -17,9 +17,9 @@ void check_finite_cuda(at::TensorList tensors, const at::Tensor& found_inf) {
 }
 
 void unscale_cuda(at::TensorList tensors, const at::Tensor& found_inf,
-                  const at::Tensor& inv_scale) {
+                  const at::Tensor& inv_scale, const std::optional<at::Tensor>& clip_coef) {
   CudaExecutor exec;
-  kernels::unscale_launch(tensors, found_inf, inv_scale, exec);
+  kernels::unscale_launch(tensors, found_inf, inv_scale, clip_coef, exec);
 }
 
 void update_scale_cuda(const at::Tensor& scale, const at::Tensor& growth_tracker,

@@ -30,8 +30,8 @@ void check_finite_meta(at::TensorList tensors, const at::Tensor& found_inf) {
 }
 
 void unscale_meta(at::TensorList tensors, const at::Tensor& found_inf,
-                  const at::Tensor& inv_scale) {
-  check_unscale_args(tensors, found_inf, inv_scale);
+                  const at::Tensor& inv_scale, const std::optional<at::Tensor>& clip_coef) {
+  check_unscale_args(tensors, found_inf, inv_scale, clip_coef);
 }
 
 void swap_meta(at::TensorList tensors, at::TensorList others) {
@@ -185,7 +185,8 @@ TORCH_LIBRARY_IMPL(torchext, Meta, m) {
   m.impl("check_finite_",                                                               \
          &reject_sparse<&check_finite_meta, at::TensorList, const at::Tensor&>);       \
   m.impl("unscale_",                                                                    \
-         &reject_sparse<&unscale_meta, at::TensorList, const at::Tensor&, const at::Tensor&>); \
+         &reject_sparse<&unscale_meta, at::TensorList, const at::Tensor&, const at::Tensor&,   \
+                        const std::optional<at::Tensor>&>);                             \
   m.impl("swap_", &reject_sparse<&swap_meta, at::TensorList, at::TensorList>);      \
   m.impl("tensor_norms", &tensor_norms_meta); /* its validator names the sparse tensor */
 
@@ -200,7 +201,8 @@ TORCH_LIBRARY_IMPL(torchext, CompositeExplicitAutograd, m) {
   register_asgd_kernels<no_asgd_kernel_for_device>(m);
   m.impl("check_finite_", &no_kernel_for_device<&check_finite_meta, const at::Tensor&>);
   m.impl("unscale_",
-         &no_kernel_for_device<&unscale_meta, const at::Tensor&, const at::Tensor&>);
+         &no_kernel_for_device<&unscale_meta, const at::Tensor&, const at::Tensor&,
+                               const std::optional<at::Tensor>&>);
   m.impl("swap_", &no_kernel_for_device<&swap_meta, at::TensorList>);
   m.impl("tensor_norms", &tensor_norms_composite);
   m.impl("update_scale_.counted", &update_scale_counted_composite);

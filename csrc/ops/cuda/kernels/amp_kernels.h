@@ -23,23 +23,36 @@
 namespace torchext {
 namespace kernels {
 
-// One pointer per tensor; the other arguments are found_inf and inv_scale.
-template <ParamLayout L>
-using ScanMeta = MetaFor<1, L, 2 * sizeof(float*)>;
+// The factors of a scan: inv_scale == nullptr only checks; otherwise the
+// elements are multiplied by *inv_scale (unless it is exactly 1 and there is
+// no clip, as torch does) and, with clip_coef, then by it.
+struct ScanFactors {
+  const float* inv_scale;
+  const void* clip_coef;  // nullptr: no clip; float or double (clip_is_double)
+  bool clip_is_double;
+};
 
-// inv_scale == nullptr: only check. Otherwise multiply by *inv_scale too
-// (unless it is exactly 1, as torch does). found_inf is set to 1 by any
-// thread that saw an inf or NaN: every writer stores the same value.
+// One pointer per tensor; the other arguments are found_inf and the factors.
+template <ParamLayout L>
+using ScanMeta = MetaFor<1, L, sizeof(float*) + sizeof(ScanFactors)>;
+
+// found_inf is set to 1 by any thread that saw an inf or NaN: every writer
+// stores the same value.
 template <typename scalar_t, typename Meta>
 struct ScanBody {
   static constexpr const char* kName = "scan";
   C10_HOST_DEVICE void operator()(const ThreadCtx& ctx, const Meta& meta, float* found_inf,
-                                  const float* inv_scale) const {
+                                  const ScanFactors& f) const {
     using opmath_t = at::opmath_type<scalar_t>;
     const BlockChunk bc = block_chunk(meta, ctx.block);
     if (bc.n <= 0) return;
-    const opmath_t inv = inv_scale != nullptr ? static_cast<opmath_t>(*inv_scale) : opmath_t(1);
-    const bool write = inv_scale != nullptr && inv != opmath_t(1);
+    const opmath_t inv = f.inv_scale != nullptr ? static_cast<opmath_t>(*f.inv_scale)
+                                                : opmath_t(1);
+    const bool clipped = f.inv_scale != nullptr && f.clip_coef != nullptr;
+    const opmath_t clip =
+        clipped ? static_cast<opmath_t>(load_scalar(f.clip_coef, f.clip_is_double))
+                : opmath_t(1);
+    const bool write = f.inv_scale != nullptr && (inv != opmath_t(1) || clipped);
     scalar_t* const ptrs[1] = {static_cast<scalar_t*>(meta.ptrs[0][bc.slot]) + bc.begin};
     bool bad = false;
     chunk_loop(ctx, ptrs, bc.n, write ? 1 : 0, [&](scalar_t (&r)[1][kILP]) {
@@ -47,12 +60,16 @@ struct ScanBody {
       for (int ii = 0; ii < kILP; ++ii) {
         const opmath_t v = static_cast<opmath_t>(r[0][ii]);
         bad = bad || math::non_finite(v);
-        if (write) r[0][ii] = static_cast<scalar_t>(math::mul(v, inv));
+        if (write) {
+          r[0][ii] = static_cast<scalar_t>(math::mul(v, inv));
+          // The clip multiplies what unscale_ stored (rounded to the dtype).
+          if (clipped) r[0][ii] = static_cast<scalar_t>(math::mul(static_cast<opmath_t>(r[0][ii]), clip));
+        }
       }
     });
     if (bad) *found_inf = 1.f;
   }
-  static int64_t work(unsigned nblocks, unsigned, const Meta& meta, float*, const float*) {
+  static int64_t work(unsigned nblocks, unsigned, const Meta& meta, float*, const ScanFactors&) {
     return elements_in_launch(meta, nblocks);
   }
 };
@@ -62,8 +79,9 @@ struct ScanBody {
 // does not care about element order, nor about complex pairs); only tensors
 // that are not dense go through temporaries (written back when unscaling).
 template <typename Exec>
-void scan_launch(at::TensorList tensors, const at::Tensor& found_inf, const float* inv_scale,
+void scan_launch(at::TensorList tensors, const at::Tensor& found_inf, const ScanFactors& factors,
                  Exec& exec) {
+  const float* inv_scale = factors.inv_scale;
   if (tensors.empty()) return;
   exec.enter(found_inf.device());
   const LaunchLimits limits = exec.limits();
@@ -112,7 +130,7 @@ void scan_launch(at::TensorList tensors, const at::Tensor& found_inf, const floa
         multi_tensor_apply<Meta>(
             entries, limits, EmptyTensors::kSkip, [&](const Meta& meta, int nblocks) {
               exec.template launch<ScanBody<scalar_t, Meta>>(
-                  static_cast<unsigned>(nblocks), limits.block_size, meta, found, inv_scale);
+                  static_cast<unsigned>(nblocks), limits.block_size, meta, found, factors);
             });
       });
     }
@@ -125,14 +143,19 @@ void scan_launch(at::TensorList tensors, const at::Tensor& found_inf, const floa
 template <typename Exec>
 void check_finite_launch(at::TensorList tensors, const at::Tensor& found_inf, Exec& exec) {
   check_amp_tensors("check_finite_", tensors, found_inf);
-  scan_launch(tensors, found_inf, nullptr, exec);
+  scan_launch(tensors, found_inf, ScanFactors{nullptr, nullptr, false}, exec);
 }
 
 template <typename Exec>
 void unscale_launch(at::TensorList tensors, const at::Tensor& found_inf,
-                    const at::Tensor& inv_scale, Exec& exec) {
-  check_unscale_args(tensors, found_inf, inv_scale);
-  scan_launch(tensors, found_inf, inv_scale.const_data_ptr<float>(), exec);
+                    const at::Tensor& inv_scale, const std::optional<at::Tensor>& clip_coef,
+                    Exec& exec) {
+  check_unscale_args(tensors, found_inf, inv_scale, clip_coef);
+  scan_launch(tensors, found_inf,
+              ScanFactors{inv_scale.const_data_ptr<float>(),
+                          clip_coef ? clip_coef->const_data_ptr() : nullptr,
+                          clip_coef && clip_coef->scalar_type() == at::kDouble},
+              exec);
 }
 
 struct UpdateScaleArgs {

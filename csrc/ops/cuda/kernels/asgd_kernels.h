@@ -38,6 +38,7 @@ enum ASGDSlot { kP = 0, kAx = 1, kG = 2, kEta = 3, kMu = 4, kStep = 5 };
 struct ASGDKernelArgs {
   const float* found_inf;   // nullptr: never skip
   const float* grad_scale;  // nullptr: grads are not scaled
+  const void* clip_coef;    // nullptr: not clipped; else float or double (clip_is_double)
   void** schedule_table;    // nullptr: no table (packed state, every entry steps)
   const void* packed_etas;  // packed state without a table: eta and mu of
   const void* packed_mus;   //   entry i are element tag[slot] of these arrays
@@ -45,6 +46,7 @@ struct ASGDKernelArgs {
   double weight_decay;
   bool maximize;
   bool state_is_double;
+  bool clip_is_double;
 };
 
 // The elementwise launch's metadata. List state (or a table): 6 pointers
@@ -87,9 +89,11 @@ struct ASGDElementwise {
     // Same float32 reciprocal as GradScaler.unscale_.
     const float inv_scale =
         unscale ? static_cast<float>(1.0 / static_cast<double>(*args.grad_scale)) : 1.f;
+    const bool clipped = args.clip_coef != nullptr;
     const auto c = math::make_asgd_coeffs<opmath_t>(
         load_scalar(eta_p, args.state_is_double), load_scalar(mu_p, args.state_is_double),
-        args.lambd, args.weight_decay, args.maximize, unscale, inv_scale);
+        args.lambd, args.weight_decay, args.maximize, unscale, inv_scale, clipped,
+        clipped ? load_scalar(args.clip_coef, args.clip_is_double) : 1.0);
     scalar_t* const ptrs[3] = {static_cast<scalar_t*>(meta.ptrs[kP][bc.slot]) + bc.begin,
                                static_cast<scalar_t*>(meta.ptrs[kAx][bc.slot]) + bc.begin,
                                static_cast<scalar_t*>(meta.ptrs[kG][bc.slot]) + bc.begin};
@@ -206,6 +210,8 @@ void asgd_launch(const ASGDArgs& a, Exec& exec) {
   ASGDKernelArgs kargs{};
   kargs.found_inf = a.found_inf ? a.found_inf->const_data_ptr<float>() : nullptr;
   kargs.grad_scale = a.grad_scale ? a.grad_scale->const_data_ptr<float>() : nullptr;
+  kargs.clip_coef = a.clip_coef ? a.clip_coef->const_data_ptr() : nullptr;
+  kargs.clip_is_double = a.clip_coef && a.clip_coef->scalar_type() == at::kDouble;
   kargs.lambd = a.lambd;
   kargs.weight_decay = a.weight_decay;
   kargs.maximize = a.maximize;
