@@ -69,17 +69,23 @@ def torchext_serves(tensors: list[Tensor]) -> bool:
                and _devices.has_kernels(t.device) for t in tensors)
 
 
-def check_nonfinite(total_norm: Tensor, norm_type: float, error_if_nonfinite: bool) -> None:
-    """torch's ``error_if_nonfinite``: a host read of the total norm. Refused
+def check_host_read(error_if_nonfinite: bool) -> None:
+    """``error_if_nonfinite`` reads the total norm on the host: refused
     where no host read may happen (torch.compile, CUDA-graph capture)."""
-    if not error_if_nonfinite:
-        return
-    if torch.compiler.is_compiling() or (torch.cuda.is_initialized()
-                                         and torch.cuda.is_current_stream_capturing()):
+    if error_if_nonfinite and (torch.compiler.is_compiling() or (
+            torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing())):
         raise RuntimeError(
             "error_if_nonfinite=True reads the total norm on the host, which cannot happen "
             "inside torch.compile or a CUDA-graph capture; pass error_if_nonfinite=False "
             "there (a non-finite norm then clips with a coefficient of 0 or NaN, as in torch)")
+
+
+def check_nonfinite(total_norm: Tensor, norm_type: float, error_if_nonfinite: bool) -> None:
+    """torch's ``error_if_nonfinite``: a host read of the total norm (refused
+    where none may happen: :func:`check_host_read`)."""
+    if not error_if_nonfinite:
+        return
+    check_host_read(error_if_nonfinite)
     if torch.logical_or(total_norm.isnan(), total_norm.isinf()):
         raise RuntimeError(
             f"The total norm of order {norm_type} for gradients from "

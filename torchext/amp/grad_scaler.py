@@ -340,7 +340,11 @@ class GradScaler(torch.amp.GradScaler):
         refused unless ``allow_fp16``, as torch's ``unscale_`` refuses them.
         ``error_if_nonfinite=True`` reads the norm on the host (refused
         under torch.compile and CUDA-graph capture); a refused call records
-        nothing. ``max_norm=inf`` measures and never clips. With sharded
+        nothing, but a non-finite norm refused by ``error_if_nonfinite`` is
+        refused as by torch's recipe, after its ``unscale_``: the inf check is
+        recorded and the gradients count as unscaled (the unscale waits for
+        the step), so ``update()`` and ``step()`` then work as after torch's
+        recipe. ``max_norm=inf`` measures and never clips. With sharded
         (DTensor, FSDP2) gradients the norm is the global one, a plain
         tensor: each rank's part is all-reduced over ``process_group``
         (default: the WORLD group)."""
@@ -356,6 +360,7 @@ class GradScaler(torch.amp.GradScaler):
         state = self._optimizer_state(optimizer)
         if state["stage"] is OptState.STEPPED:
             raise RuntimeError("clip_grad_norm_() is being called after step().")
+        _clip.check_host_read(error_if_nonfinite)
         pending = state.get("clip")
         if pending is not None:  # a second clip: the first, as torch's recipe leaves it, first
             state = self._settle_clip(optimizer, state, pending)
@@ -395,9 +400,13 @@ class GradScaler(torch.amp.GradScaler):
                     total = _clip.reduce_sharded(total, norm_type, self._sharded_group())
             seen = None if torch.compiler.is_compiling() else [
                 torch.classes.torchext.GradsSeen(grads.params)]
-        _clip.check_nonfinite(total, norm_type, error_if_nonfinite)
+        refused = None
+        try:
+            _clip.check_nonfinite(total, norm_type, error_if_nonfinite)
+        except RuntimeError as e:  # the clip is refused, its unscale stands (as torch's)
+            refused = e
         with torch.no_grad():
-            coef = _clip.clip_coef(total, max_norm)
+            coef = None if refused else _clip.clip_coef(total, max_norm)
         if found_per_device is not None:
             self._sync_found_inf(found_per_device, sharded)
             state["found_inf_per_device"] = found_per_device
@@ -405,6 +414,8 @@ class GradScaler(torch.amp.GradScaler):
             state["clip"] = _clip.PendingClip(optimizer, coef, not unscaled, seen)
         state["stage"] = OptState.UNSCALED
         self._per_optimizer_states[id(optimizer)] = state
+        if refused is not None:
+            raise refused
         return total
 
     def _record_no_grads(self, optimizer, state) -> Tensor:
