@@ -122,13 +122,11 @@ struct ASGDHolder : torch::CustomClassHolder {
   // GradScaler's read-only inf/NaN check of the held params' grads
   // (torchext::check_finite_ into found_inf), without a list from Python.
   // Without a found_inf it makes one (0-d float32 zero on the params'
-  // device; cheaper here than a torch.zeros from Python). Returns found_inf.
-  at::Tensor check_finite(const std::optional<at::Tensor>& found_inf_, bool allow_fp16) {
-    TORCH_CHECK(found_inf_.has_value() || !param_vec.empty(),
-                "ASGDHolder.check_finite: no params, pass found_inf");
-    const at::Tensor found_inf = found_inf_.has_value()
-        ? *found_inf_
-        : at::zeros({}, param_vec.front().options().dtype(at::kFloat));
+  // device; cheaper here than a torch.zeros from Python). Returns found_inf,
+  // or (no found_inf given and no param has a grad) None: no check was
+  // recorded, as torch's unscale_ records none for no grads.
+  std::optional<at::Tensor> check_finite(const std::optional<at::Tensor>& found_inf_,
+                                         bool allow_fp16) {
     c10::List<at::Tensor> present;
     present.reserve(param_vec.size());
     for (const auto& p : param_vec) {
@@ -138,6 +136,10 @@ struct ASGDHolder : torch::CustomClassHolder {
         present.push_back(g);
       }
     }
+    if (present.empty() && !found_inf_.has_value()) return std::nullopt;
+    const at::Tensor found_inf = found_inf_.has_value()
+        ? *found_inf_
+        : at::zeros({}, present.get(0).options().dtype(at::kFloat));
     static const auto op =
         c10::Dispatcher::singleton().findSchemaOrThrow("torchext::check_finite_", "");
     torch::jit::Stack stack;

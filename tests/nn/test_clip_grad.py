@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import torchext
+from torch.amp.grad_scaler import OptState
 from torchext.amp import GradScaler
 from torchext.nn.utils import clip_grad_norm_, clip_grads_with_norm_, get_total_norm
 from helpers import NoHostSync, data, rel_err, small_model
@@ -280,13 +281,18 @@ def test_fused_clip_misuse_and_refusals_change_nothing():
     scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
     with pytest.raises(AssertionError, match="_scale is None"):
         GradScaler().clip_grad_norm_(opt, 1.0)
-    # Refused before anything is recorded: the clip can still run after.
+    # A non-finite norm refused as torch's recipe refuses it, after its
+    # unscale_: the inf check is recorded and the grads count as unscaled
+    # (their unscale waits for the step); nothing is written.
     p0 = next(model.parameters())
     p0.grad.view(-1)[0] = float("nan")
+    grads = [p.grad.clone() for p in model.parameters()]
     with pytest.raises(RuntimeError, match="non-finite"):
         scaler.clip_grad_norm_(opt, 1.0, error_if_nonfinite=True)
-    assert id(opt) not in scaler._per_optimizer_states
-    scaler.clip_grad_norm_(opt, 1.0)
+    assert scaler.stage(opt) is OptState.UNSCALED and scaler.found_inf(opt).item() == 1
+    assert all(torch.allclose(g, p.grad, rtol=0, atol=0, equal_nan=True)
+               for g, p in zip(grads, model.parameters()))
+    scaler.clip_grad_norm_(opt, 1.0)  # a second clip: after the first's unscale
     with pytest.raises(RuntimeError, match="already been called"):
         scaler.unscale_(opt)  # the clip unscaled (as torch's recipe does first)
     scaler.step(opt)

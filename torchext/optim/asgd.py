@@ -187,8 +187,11 @@ class ASGD(GroupsAlias, Optimizer):
             for sg in pgs.slot_groups:
                 check = sg.native_check or sg.holder().check_finite
                 device = sg.device
-                # (a device's first check makes its found_inf, in C++)
-                found[device] = check(found.get(device), allow_fp16)
+                # (a device's first check makes its found_inf, in C++; None
+                # when none of its params has a grad)
+                f = check(found.get(device), allow_fp16)
+                if f is not None:
+                    found[device] = f
         return found
 
     def _torchext_amp_norms(self, norm_type: float, inv_scale: Tensor | None,
