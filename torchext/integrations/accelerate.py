@@ -42,7 +42,6 @@ Megatron-LM, which clip their own way) is accelerate's own clip, unchanged.
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
 import torch
@@ -87,6 +86,7 @@ def use_torchext_scaler(accelerator: Any, **kwargs: Any) -> GradScaler | None:
         raise TypeError(
             f"use_torchext_scaler replaces a torch.amp.GradScaler; accelerate uses a "
             f"{type(old).__module__}.{type(old).__qualname__} here, which it keeps.")
+    # (torch's scaler has no public read of its stages: its own record)
     if any(state["stage"] is not OptState.READY
            for state in getattr(old, "_per_optimizer_states", {}).values()):
         raise RuntimeError(
@@ -129,15 +129,8 @@ def _clip_grad_norm_(accelerator: Any, unfused, parameters, max_norm, norm_type=
     optimizer, others = target
     for other in others:  # accelerate unscales every optimizer
         scaler.unscale_(other)
-    total = scaler.clip_grad_norm_(optimizer, max_norm, norm_type)
-    if math.isinf(max_norm) and max_norm > 0:
-        # accelerate computes the norm and does not clip: the step folds in
-        # a coefficient of exactly 1 (not torch's 0 or NaN for a norm that
-        # overflowed while every gradient was finite).
-        state = scaler._per_optimizer_states[id(optimizer)]
-        if state.get("clip_coef") is not None:
-            state["clip_coef"] = torch.ones_like(state["clip_coef"])
-    return total
+    # (max_norm=inf measures and never clips, also when the norm overflowed)
+    return scaler.clip_grad_norm_(optimizer, max_norm, norm_type)
 
 
 def _fused_target(accelerator: Any, parameters: list) -> tuple[Any, list] | None:
@@ -152,12 +145,10 @@ def _fused_target(accelerator: Any, parameters: list) -> tuple[Any, list] | None
     for opt in accelerator._optimizers:
         while isinstance(opt, AcceleratedOptimizer):
             opt = opt.optimizer
-        state = scaler._per_optimizer_states.get(id(opt))
-        if state is not None and state["stage"] is not OptState.READY:
-            return None  # accelerate's unscale_ raises as it does with torch's scaler
-        if state is not None and "clip_coef" in state:  # a second clip would be folded in too
-            raise RuntimeError("accelerator.clip_grad_norm_: scaler.clip_grad_norm_() was already "
-                               "called on this optimizer since the last update().")
+        if scaler.stage(opt) is not OptState.READY:
+            # Unscaled already (accelerate's unscale_, or a clip): accelerate's
+            # own clip then raises as it does with torch's scaler.
+            return None
         optimizers.append(opt)
     matches = [opt for opt in optimizers if clips_the_same_grads(parameters, opt)]
     if len(matches) != 1:

@@ -54,8 +54,7 @@ class MixedPrecision(_LightningMixedPrecision):
             optimizer = optimizer.optimizer
         scaler = self.scaler
         if isinstance(scaler, GradScaler) and scaler.is_enabled():
-            state = scaler._per_optimizer_states.get(id(optimizer))
-            if state is not None and state["stage"] is OptState.UNSCALED:
+            if scaler.stage(optimizer) is OptState.UNSCALED:
                 scaler.clip_grad_norm_(optimizer, clip_val)
                 return
         elif scaler is None and isinstance(optimizer, ASGD):

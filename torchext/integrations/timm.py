@@ -70,6 +70,5 @@ class NativeScaler(_TimmNativeScaler):
         # yet unscaled (else timm's unscale_ raises, as it should).
         if not self._scaler.is_enabled():
             return False
-        state = self._scaler._per_optimizer_states.get(id(optimizer))
-        return ((state is None or state["stage"] is OptState.READY)
+        return (self._scaler.stage(optimizer) is OptState.READY
                 and clips_the_same_grads(parameters, optimizer))
