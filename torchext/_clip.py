@@ -41,7 +41,7 @@ __all__ = ["torchext_serves", "check_nonfinite", "total_norm_of", "clip_coef",
            "reduce_sharded", "norms_of", "device_norms", "multiply_", "total_norm",
            "clip_with_norm_", "clip_", "TORCH_CLIP_GRAD_NORM_", "TORCH_GET_TOTAL_NORM",
            "TORCH_CLIP_GRADS_WITH_NORM_", "PendingClip", "GradsChangedError", "SAME", "REPLACED",
-           "WRITTEN", "fold", "Factors", "TWO_FACTORS", "ONE_FACTOR"]
+           "WRITTEN", "ClipSlot", "fold", "Factors", "TWO_FACTORS", "ONE_FACTOR"]
 
 
 def _torch_own(*names: str):
@@ -366,6 +366,17 @@ class PendingClip:
         if self.scaled:
             inv = scale.double().reciprocal().float()
         multiply_(grads, inv, self.coef)
+
+
+class ClipSlot:
+    """Where an optimizer keeps its own :class:`PendingClip` (``pending``).
+    A plain object: Dynamo drops attribute writes on a
+    ``torch.optim.Optimizer`` made inside compiled code, so a clip consumed
+    by a compiled step, written as an optimizer attribute, would stay
+    pending; a write on an object the optimizer holds is kept."""
+
+    def __init__(self) -> None:
+        self.pending: PendingClip | None = None
 
 
 #: How an optimizer takes a pending clip at its step (see :func:`fold`).

@@ -38,7 +38,7 @@ at::Tensor op_lr(const ASGDOptions& o) {
 // one t0 (Python's slot group). The op validates exactly these.
 struct DeviceCall {
   std::vector<at::Tensor> params, grads, axs, mus, etas, steps;
-  std::optional<at::Tensor> grad_scale, found_inf;
+  std::optional<at::Tensor> grad_scale, found_inf, clip_coef;
   double t0 = 0.0;  // the group's t0, or its t0_per_param value for these params
 
   ASGDHyperparams hyper(const ASGDOptions& o) const {
@@ -50,14 +50,15 @@ struct DeviceCall {
   ASGDArgs args(const ASGDOptions& o, const at::Tensor& lr) const {
     // (TensorRefs point into this DeviceCall's lists: use the args while it lives.)
     return asgd_args(TensorRefs(params), TensorRefs(grads), TensorRefs(axs), TensorRefs(mus),
-                     TensorRefs(etas), TensorRefs(steps), lr, hyper(o), grad_scale, found_inf);
+                     TensorRefs(etas), TensorRefs(steps), lr, hyper(o), grad_scale, found_inf,
+                     clip_coef);
   }
 
   // One asgd_ call through the dispatcher, as Python makes it.
   void run(const ASGDOptions& o, const at::Tensor& lr) const {
     auto stack = asgd_stack(TensorListArg(params), TensorListArg(grads), TensorListArg(axs),
                             TensorListArg(mus), TensorListArg(etas), TensorListArg(steps), lr,
-                            hyper(o), grad_scale, found_inf);
+                            hyper(o), grad_scale, found_inf, clip_coef);
     asgd_op(ASGDState::kLists).callBoxed(&stack);
   }
 };
@@ -88,6 +89,7 @@ void reference_step(const DeviceCall& c, const ASGDOptions& o) {
     at::Tensor param = c.params[i], ax = c.axs[i], grad = c.grads[i];
     const at::Tensor &mu = c.mus[i], &eta = c.etas[i], &step_t = c.steps[i];
     if (inv_scale.has_value()) grad = grad * inv_scale->to(grad.device());
+    if (c.clip_coef.has_value()) grad = grad * c.clip_coef->to(grad.device());
     if (o.maximize()) grad = -grad;
     if (param.is_complex()) {
       grad = at::view_as_real(grad);
@@ -376,16 +378,19 @@ torch::Tensor ASGD::step(LossClosure closure) {
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
-  step_impl(nullptr, nullptr);
+  step_impl(nullptr, nullptr, nullptr);
   return loss;
 }
 
-torch::Tensor ASGD::step_with_amp(const torch::Tensor& grad_scale,
-                                  const torch::Tensor& found_inf) {
+torch::Tensor ASGD::step_with_amp(const torch::Tensor& grad_scale, const torch::Tensor& found_inf,
+                                  const torch::Tensor& clip_coef) {
   step_impl(grad_scale.defined() ? &grad_scale : nullptr,
-            found_inf.defined() ? &found_inf : nullptr);
+            found_inf.defined() ? &found_inf : nullptr,
+            clip_coef.defined() ? &clip_coef : nullptr);
   return torch::Tensor();  // what step() returns without a closure
 }
+
+ASGD::~ASGD() = default;
 
 bool ASGD::amp_step_must_not_sync() const {
   if (param_groups_.empty()) return false;
@@ -397,30 +402,61 @@ bool ASGD::amp_step_must_not_sync() const {
 
 torch::Tensor ASGD::clip_grad_norm_(double max_norm, double norm_type, bool error_if_nonfinite) {
   at::NoGradGuard no_grad;
+  if (pending_clip_) {  // a second clip: the first applied to the gradients first
+    auto first = std::move(pending_clip_);
+    if (first->valid()) first->apply_(api::grads_of(*this), {});
+  }
   const auto grads = api::grads_of(*this);
   if (grads.empty()) return at::zeros({});  // torch's clip of no gradients
   const auto total = api::total_norm(api::norms_calls_by_device(grads), norm_type);
   api::check_nonfinite(total, norm_type, error_if_nonfinite);
-  clip_coef_ = api::clip_coef(total, max_norm);
+  auto coef = api::clip_coef(total, max_norm);
+  if (coef.defined()) {
+    pending_clip_ = std::make_unique<api::PendingClip>(api::PendingClip{
+        this, std::move(coef), false, c10::make_intrusive<GradsSeen>(api::params_of(*this))});
+  }
   return total;
 }
 
-void ASGD::step_impl(const torch::Tensor* grad_scale, const torch::Tensor* found_inf) {
-  if (!clip_coef_.defined()) {
-    step_groups(grad_scale, found_inf);
-    return;
-  }
-  // clip_grad_norm_'s coefficient divided into the scale the op divides by
-  // (grads * coef on the fly, never rewritten), as Python's ASGD.step.
-  const auto coef = clip_coef_.to(at::kFloat);
-  const auto folded = grad_scale == nullptr
-                          ? coef.reciprocal()
-                          : *grad_scale / coef.to(grad_scale->device(), /*non_blocking=*/true);
-  step_groups(&folded, found_inf);
-  clip_coef_ = torch::Tensor();  // used once (a refused step throws before this)
+void ASGD::zero_grad(bool set_to_none) {
+  pending_clip_.reset();
+  Optimizer::zero_grad(set_to_none);
 }
 
-void ASGD::step_groups(const torch::Tensor* grad_scale, const torch::Tensor* found_inf) {
+void ASGD::apply_pending_clip() const {
+  if (!pending_clip_) return;
+  const auto status = pending_clip_->status();
+  if (status == GradsSeen::kSame) pending_clip_->apply_(api::grads_of(*this), {});
+  if (status != GradsSeen::kWritten) pending_clip_.reset();
+}
+
+void ASGD::check_not_averaged(const char* what) const {
+  TORCH_CHECK(!averaged_in_, what, ": the parameters hold their averages (an "
+              "AveragedParameters guard is alive), which would be saved as the training "
+              "weights; save after it goes out of scope");
+}
+
+void ASGD::step_impl(const torch::Tensor* grad_scale, const torch::Tensor* found_inf,
+                     const torch::Tensor* clip_coef) {
+  if (pending_clip_ && !pending_clip_->valid()) {  // (throws when written in place)
+    pending_clip_.reset();  // its gradients were replaced: it applies to nothing
+  }
+  if (!pending_clip_ || !pending_clip_->coef.defined()) {
+    step_groups(grad_scale, found_inf, clip_coef);
+    pending_clip_.reset();
+    return;
+  }
+  // This optimizer's own pending clip, a factor after the scaler's (a clip
+  // of scaled gradients and the scaler's clip: both apply), as Python's ASGD.step.
+  auto coef = pending_clip_->coef;
+  if (coef.scalar_type() != at::kDouble) coef = coef.to(at::kFloat);
+  if (clip_coef != nullptr) coef = *clip_coef * coef.to(clip_coef->device(), /*non_blocking=*/true);
+  step_groups(grad_scale, found_inf, &coef);
+  pending_clip_.reset();  // used once (a refused step throws before this)
+}
+
+void ASGD::step_groups(const torch::Tensor* grad_scale, const torch::Tensor* found_inf,
+                       const torch::Tensor* clip_coef) {
   TORCH_CHECK(!averaged_in_, "ASGD.step: the parameters hold their averages (an "
               "AveragedParameters guard is alive); step after it goes out of scope");
   at::NoGradGuard no_grad;
@@ -436,6 +472,12 @@ void ASGD::step_groups(const torch::Tensor* grad_scale, const torch::Tensor* fou
   if (found_inf != nullptr) {
     TORCH_CHECK_TYPE(found_inf->scalar_type() == at::kFloat && found_inf->numel() == 1,
                      "ASGD.step_with_amp: found_inf must be a 1-element float32 tensor");
+  }
+  if (clip_coef != nullptr) {
+    TORCH_CHECK_TYPE((clip_coef->scalar_type() == at::kFloat ||
+                      clip_coef->scalar_type() == at::kDouble) && clip_coef->numel() == 1,
+                     "ASGD.step_with_amp: clip_coef must be a 1-element float32 or float64 "
+                     "tensor");
   }
   struct GroupPlan {
     const ASGDOptions* options;
@@ -489,9 +531,10 @@ void ASGD::step_groups(const torch::Tensor* grad_scale, const torch::Tensor* fou
                    api::pick(all.axs, sub),    api::pick(all.mus, sub),
                    api::pick(all.etas, sub),   api::pick(all.steps, sub),
                    std::nullopt,               std::nullopt,
-                   t0};
+                   std::nullopt,               t0};
       if (grad_scale != nullptr) c.grad_scale = grad_scale->to(device, /*non_blocking=*/true);
       if (found_inf != nullptr) c.found_inf = found_inf->to(device, /*non_blocking=*/true);
+      if (clip_coef != nullptr) c.clip_coef = clip_coef->to(device, /*non_blocking=*/true);
       plan.calls.push_back(std::move(c));
     }
     plans.push_back(std::move(plan));
@@ -543,6 +586,8 @@ void ASGD::step_groups(const torch::Tensor* grad_scale, const torch::Tensor* fou
 }
 
 void ASGD::save(torch::serialize::OutputArchive& archive) const {
+  check_not_averaged("ASGD.save");
+  apply_pending_clip();
   torch::optim::serialize<ASGDParamState, ASGDOptions>(archive, *this);
 }
 

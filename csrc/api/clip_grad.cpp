@@ -16,6 +16,8 @@
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
 
+#include <limits>
+
 namespace torchext {
 namespace api {
 
@@ -34,12 +36,16 @@ at::Tensor total_norm(const std::vector<NormsCall>& calls, double norm_type) {
   return at::linalg_vector_norm(at::cat(norms), norm_type);
 }
 
-void check_nonfinite(const at::Tensor& total_norm, double norm_type, bool error_if_nonfinite) {
-  if (!error_if_nonfinite) return;
-  TORCH_CHECK(!capturing(total_norm),
+void check_host_read(const at::Tensor& on, bool error_if_nonfinite) {
+  TORCH_CHECK(!error_if_nonfinite || !capturing(on),
               "error_if_nonfinite=true reads the total norm on the host, which cannot happen "
               "inside a CUDA-graph capture; pass error_if_nonfinite=false there (a non-finite "
               "norm then clips with a coefficient of 0 or NaN, as in torch)");
+}
+
+void check_nonfinite(const at::Tensor& total_norm, double norm_type, bool error_if_nonfinite) {
+  if (!error_if_nonfinite) return;
+  check_host_read(total_norm, error_if_nonfinite);
   TORCH_CHECK(!at::logical_or(total_norm.isnan(), total_norm.isinf()).item<bool>(),
               "The total norm of order ", norm_type, " for gradients from `parameters` is "
               "non-finite, so it cannot be clipped. To disable this error and scale the "
@@ -47,36 +53,39 @@ void check_nonfinite(const at::Tensor& total_norm, double norm_type, bool error_
 }
 
 at::Tensor clip_coef(const at::Tensor& total_norm, double max_norm) {
+  if (max_norm == std::numeric_limits<double>::infinity()) return at::Tensor();
   // Python's `max_norm / (total_norm + 1e-6)` is Tensor.__rtruediv__:
   // reciprocal() * max_norm (not ATen's Scalar / Tensor, a division).
   return at::clamp((total_norm + 1e-6).reciprocal() * max_norm, std::nullopt, 1.0);
 }
 
-void multiply_(const std::vector<at::Tensor>& tensors, const at::Tensor& factor) {
-  const bool float64 = factor.scalar_type() == at::kDouble;
+namespace {
+// What unscale_ takes as clip_coef: float32 or float64 (a bf16/fp16 total
+// norm's coefficient is exact in float32).
+at::Tensor as_factor(const at::Tensor& t, const c10::Device& device) {
+  const auto dt = t.scalar_type();
+  return t.to(device, dt == at::kDouble ? at::kDouble : at::kFloat, /*non_blocking=*/true);
+}
+}  // namespace
+
+void multiply_(const std::vector<at::Tensor>& tensors, const at::Tensor& inv_scale,
+               const at::Tensor& coef) {
+  if (tensors.empty() || (!inv_scale.defined() && !coef.defined())) return;
   struct Pass {
     std::vector<at::Tensor> tensors;
-    at::Tensor factor, found_inf;  // found_inf: unscale_'s flag, read by nobody
+    at::Tensor found_inf, inv_scale;  // found_inf: unscale_'s flag, read by nobody
+    std::optional<at::Tensor> coef;
   };
   std::vector<Pass> passes;
   for (const auto& [device, idx] : index_by_device(tensors)) {
-    Pass p{pick(tensors, idx), {}, {}};
-    if (float64) {
-      p.factor = factor.to(device, /*non_blocking=*/true);
-    } else {
-      p.factor = factor.to(device, at::kFloat, /*non_blocking=*/true);
-      p.found_inf = at::zeros_like(p.factor);
-      check_unscale_args(p.tensors, p.found_inf, p.factor);
-    }
+    Pass p{pick(tensors, idx), at::zeros({}, at::TensorOptions().device(device)), {}, {}};
+    p.inv_scale = inv_scale.defined() ? inv_scale.to(device, at::kFloat, /*non_blocking=*/true)
+                                      : at::ones({}, at::TensorOptions().device(device));
+    if (coef.defined()) p.coef = as_factor(coef, device);
+    check_unscale_args(p.tensors, p.found_inf, p.inv_scale, p.coef);
     passes.push_back(std::move(p));
   }
-  for (const auto& p : passes) {
-    if (float64) {
-      at::_foreach_mul_(p.tensors, p.factor);
-    } else {
-      unscale_op().call(p.tensors, p.found_inf, p.factor, std::nullopt);
-    }
-  }
+  for (const auto& p : passes) unscale_op().call(p.tensors, p.found_inf, p.inv_scale, p.coef);
 }
 
 std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params) {
@@ -96,6 +105,52 @@ std::vector<at::Tensor> grads_of(const torch::optim::Optimizer& optimizer) {
   return grads;
 }
 
+std::vector<at::Tensor> params_of(const torch::optim::Optimizer& optimizer) {
+  std::vector<at::Tensor> params;
+  for (const auto& group : optimizer.param_groups()) {
+    params.insert(params.end(), group.params().begin(), group.params().end());
+  }
+  return params;
+}
+
+void refuse_fp16(const std::vector<at::Tensor>& grads) {
+  for (const auto& g : grads) {
+    TORCH_CHECK_VALUE(g.scalar_type() != at::kHalf, "Attempting to unscale FP16 gradients.");
+  }
+}
+
+int64_t PendingClip::status() const {
+  return seen ? seen->changed() : GradsSeen::kSame;
+}
+
+bool PendingClip::valid() const {
+  const auto s = status();
+  TORCH_CHECK(s != GradsSeen::kWritten,
+              "a gradient clipped by clip_grad_norm_() was written in place since the clip "
+              "measured it (a backward that accumulated into it, zero_grad(false), or an edit), "
+              "so the pending clip cannot apply to it. Clip after the last write to the "
+              "gradients, or drop the pending clip first (optimizer.zero_grad(), or "
+              "scaler.update() with a GradScaler). Nothing was changed.");
+  return s == GradsSeen::kSame;
+}
+
+void PendingClip::apply_(const std::vector<at::Tensor>& grads, const at::Tensor& scale) const {
+  at::NoGradGuard no_grad;
+  // torch: inv_scale = scale.double().reciprocal().float()
+  const auto inv = scaled ? scale.to(at::kDouble).reciprocal().to(at::kFloat) : at::Tensor();
+  multiply_(grads, inv, coef);
+}
+
+Factors fold(const PendingClip* clip, const at::Tensor& scale) {
+  if (clip == nullptr) return {scale, {}};
+  Factors f{clip->scaled ? scale : at::Tensor(), {}};
+  if (clip->coef.defined()) {
+    const auto dt = clip->coef.scalar_type();
+    f.clip_coef = dt == at::kDouble || dt == at::kFloat ? clip->coef : clip->coef.to(at::kFloat);
+  }
+  return f;
+}
+
 std::vector<NormsCall> norms_calls_by_device(const std::vector<at::Tensor>& tensors) {
   std::vector<NormsCall> calls;
   for (const auto& [device, idx] : index_by_device(tensors)) {
@@ -111,7 +166,7 @@ at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& params, double max_nor
   if (grads.empty()) return at::zeros({});  // torch's tensor(0.)
   const auto total = total_norm(norms_calls_by_device(grads), norm_type);
   check_nonfinite(total, norm_type, error_if_nonfinite);
-  multiply_(grads, clip_coef(total, max_norm));
+  multiply_(grads, at::Tensor(), clip_coef(total, max_norm));
   return total;
 }
 

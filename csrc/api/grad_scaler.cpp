@@ -113,6 +113,7 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   at::NoGradGuard no_grad;
   // torch: inv_scale = scale.double().reciprocal().float()
   const auto inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
+  if (!options_.allow_fp16()) api::refuse_fp16(api::grads_of(optimizer));
   auto per_device = grads_by_device(optimizer);
   std::vector<at::Tensor> inv_scales;
   // All or nothing: every device's list is checked before the first one is unscaled.
@@ -136,27 +137,38 @@ torch::Tensor GradScaler::clip_grad_norm_(torch::optim::Optimizer& optimizer, do
     if (auto* asgd = dynamic_cast<optim::ASGD*>(&optimizer)) {
       return asgd->clip_grad_norm_(max_norm, norm_type, error_if_nonfinite);
     }
-    std::vector<at::Tensor> params;
-    for (const auto& group : optimizer.param_groups()) {
-      params.insert(params.end(), group.params().begin(), group.params().end());
-    }
-    return api::clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite);
+    return api::clip_grad_norm_(api::params_of(optimizer), max_norm, norm_type,
+                                error_if_nonfinite);
   }
   check_scale_created("clip_grad_norm_");
   auto found = per_optimizer_.find(&optimizer);
   PerOptimizer next = found == per_optimizer_.end() ? PerOptimizer{} : found->second;
   TORCH_CHECK(next.stage != Stage::kStepped,
               "GradScaler.clip_grad_norm_() is being called after step().");
-  TORCH_CHECK(!next.clipped,
-              "GradScaler.clip_grad_norm_() has already been called on this optimizer since the "
-              "last update().");
+  api::check_host_read(scale_, error_if_nonfinite);
   at::NoGradGuard no_grad;
-  auto per_device = grads_by_device(optimizer);
-  if (per_device.empty()) return at::zeros({});  // torch's clip of no gradients
+  if (next.clip) {  // a second clip: the first, as torch's recipe leaves it, first
+    settle_clip(next);
+    per_optimizer_[&optimizer] = next;
+  }
   // After unscale_() the norms of the grads as they are (found_inf was
   // recorded then); else of grads * inv_scale, with the inf/NaN check in the
   // same read. torch: inv_scale = scale.double().reciprocal().float()
   const bool unscaled = next.stage == Stage::kUnscaled;
+  auto per_device = grads_by_device(optimizer);
+  if (!unscaled && !options_.allow_fp16()) {
+    for (const auto& d : per_device) api::refuse_fp16(d.grads);
+  }
+  if (per_device.empty()) {
+    // torch's recipe over no gradients: unscale_ records no inf check, and
+    // the clip returns torch's tensor(0.).
+    if (!unscaled) {
+      next.found_inf_per_device.clear();
+      next.stage = Stage::kUnscaled;
+      per_optimizer_[&optimizer] = std::move(next);
+    }
+    return at::zeros({});
+  }
   std::vector<api::NormsCall> calls;
   for (const auto& d : per_device) calls.push_back({d.grads, std::nullopt, std::nullopt});
   if (!unscaled) {
@@ -167,12 +179,44 @@ torch::Tensor GradScaler::clip_grad_norm_(torch::optim::Optimizer& optimizer, do
     }
   }
   const auto total = api::total_norm(calls, norm_type);  // every device checked first
-  api::check_nonfinite(total, norm_type, error_if_nonfinite);
-  next.clip_coef = api::clip_coef(total, max_norm);
-  next.clipped = true;
+  // A non-finite norm refused by error_if_nonfinite is refused as by torch's
+  // recipe, after its unscale_: the inf check and the unscale stand.
+  std::optional<c10::Error> refused;
+  try {
+    api::check_nonfinite(total, norm_type, error_if_nonfinite);
+  } catch (const c10::Error& e) {
+    refused = e;
+  }
+  auto coef = refused ? at::Tensor() : api::clip_coef(total, max_norm);
   if (!unscaled) next.found_inf_per_device = found_infs(per_device);
-  per_optimizer_[&optimizer] = std::move(next);  // recorded once nothing can refuse
+  if (coef.defined() || !unscaled) {
+    next.clip = std::make_shared<const api::PendingClip>(api::PendingClip{
+        &optimizer, std::move(coef), !unscaled,
+        c10::make_intrusive<GradsSeen>(api::params_of(optimizer))});
+  }
+  next.stage = Stage::kUnscaled;
+  per_optimizer_[&optimizer] = std::move(next);  // recorded once nothing else can refuse
+  if (refused) throw *refused;
   return total;
+}
+
+void GradScaler::apply_clip(PerOptimizer& record) const {
+  record.clip->apply_(api::grads_of(*record.clip->optimizer), scale_);
+  record.clip.reset();
+  record.stage = Stage::kUnscaled;
+}
+
+void GradScaler::settle_clip(PerOptimizer& record) const {
+  if (record.clip->valid()) {  // (throws when written in place)
+    apply_clip(record);
+    return;
+  }
+  const bool scaled = record.clip->scaled;
+  record.clip.reset();  // its gradients were replaced: it applies to nothing
+  if (scaled) {  // nor does its inf check: the new gradients are checked afresh
+    record.stage = Stage::kReady;
+    record.found_inf_per_device.clear();
+  }
 }
 
 torch::Tensor GradScaler::combined_found_inf(const PerOptimizer& s) const {
@@ -186,57 +230,57 @@ torch::Tensor GradScaler::combined_found_inf(const PerOptimizer& s) const {
 torch::Tensor GradScaler::step(torch::optim::Optimizer& optimizer) {
   if (!options_.enabled()) return optimizer.step();
   check_scale_created("step");
-  // This iteration's record, copied: a step that throws leaves the scaler's
-  // records as they were.
+  // This iteration's record, copied: a fused step that throws leaves the
+  // scaler's records as they were.
   auto found = per_optimizer_.find(&optimizer);
   PerOptimizer next = found == per_optimizer_.end() ? PerOptimizer{} : found->second;
   TORCH_CHECK(next.stage != Stage::kStepped,
               "GradScaler.step() has already been called since the last update().");
+  at::NoGradGuard no_grad;
+  if (next.clip && !next.clip->valid()) settle_clip(next);  // (throws when written in place)
   if (auto* fused = dynamic_cast<FusedAmpStep*>(&optimizer)) {
     // The fused step (fused_step.h, Python's protocol.py): a read-only check
     // unless unscale_() or clip_grad_norm_() checked already, then the
-    // optimizer unscales (and clips) on the fly.
-    const bool unscaled = next.stage == Stage::kUnscaled;
-    if (!unscaled && !next.clipped) {
-      at::NoGradGuard no_grad;
+    // optimizer unscales (and clips) on the fly. One that decides its skip
+    // on the device is what torch's scaler steps fused (fp16 grads allowed,
+    // a no-op without grads); any other is unscaled first by torch's, which
+    // refuses both.
+    const bool torch_fused = fused->amp_step_must_not_sync();
+    if (next.stage == Stage::kReady) {
       auto per_device = grads_by_device(optimizer);
+      if (!torch_fused && !options_.allow_fp16()) {
+        for (const auto& d : per_device) api::refuse_fp16(d.grads);
+      }
       for (const auto& d : per_device) check_amp_tensors("check_finite_", d.grads, d.found_inf);
       for (auto& d : per_device) check_finite_op().call(d.grads, d.found_inf);
       next.found_inf_per_device = found_infs(per_device);
     }
-    TORCH_CHECK(!next.found_inf_per_device.empty(),
+    TORCH_CHECK(torch_fused || !next.found_inf_per_device.empty(),
                 "GradScaler.step: no inf checks were recorded for this optimizer (no parameter "
                 "has a gradient).");
-    const auto found_inf = combined_found_inf(next);
-    const bool device_skip = fused->amp_step_must_not_sync() || api::capturing(scale_);
+    auto found_inf = combined_found_inf(next);
+    const bool device_skip = torch_fused || api::capturing(scale_);
     torch::Tensor ret;
     // Not called on an overflow (one host read), unless no host read may happen.
     if (device_skip || found_inf.item<double>() == 0.0) {
-      torch::Tensor grad_scale = unscaled ? torch::Tensor() : scale_;
-      if (next.clip_coef.defined()) {
-        // The clip folded in (DeepSpeed's "combined scale"): the optimizer
-        // divides by scale / coef (by 1 / coef after unscale_()).
-        const auto coef = next.clip_coef.to(scale_.device(), /*non_blocking=*/true);
-        grad_scale = (unscaled ? coef.reciprocal() : scale_ / coef).to(at::kFloat);
-      }
-      ret = fused->step_with_amp(grad_scale, device_skip ? found_inf : torch::Tensor());
+      // torch's fused kernels skip only when found_inf == 1.
+      if (device_skip && next.found_inf_per_device.size() > 1) found_inf.clamp_max_(1.0);
+      const bool unscaled = next.stage == Stage::kUnscaled && !(next.clip && next.clip->scaled);
+      const auto factors = api::fold(next.clip.get(), unscaled ? torch::Tensor() : scale_);
+      ret = fused->step_with_amp(factors.grad_scale, device_skip ? found_inf : torch::Tensor(),
+                                 factors.clip_coef);
     }
+    next.clip.reset();  // consumed
     next.stage = Stage::kStepped;
     per_optimizer_[&optimizer] = std::move(next);
     return ret;
   }
-  if (next.clip_coef.defined()) {
-    // clip_grad_norm_()'s coefficient: the gradients unscaled and clipped in
-    // one pass (only clipped after unscale_()), as torch's recipe leaves them.
-    at::NoGradGuard no_grad;
-    const auto coef = next.clip_coef.to(scale_.device());
-    const auto factor = next.stage == Stage::kUnscaled
-                            ? coef
-                            : scale_.to(at::kDouble).reciprocal() * coef;
-    api::multiply_(api::grads_of(optimizer), factor.to(at::kFloat));
-    auto& st = per_optimizer_.at(&optimizer);
-    st.stage = Stage::kUnscaled;
-    st.clip_coef = torch::Tensor();  // applied: a retried step does not apply it again
+  if (next.clip) {
+    // The pending clip: the gradients unscaled and clipped in one pass (only
+    // clipped after unscale_()), as torch's recipe leaves them; recorded
+    // before the step, so that a retry does not multiply them again.
+    apply_clip(next);
+    per_optimizer_[&optimizer] = next;
   } else if (next.stage == Stage::kReady) {
     unscale_(optimizer);
   }
@@ -393,6 +437,7 @@ void GradScaler::load(torch::serialize::InputArchive& archive) {
   TORCH_CHECK_VALUE(hyst.item<int>() <= o.hysteresis(), "GradScaler.load: '_hysteresis_tracker' (",
                     hyst.item<int>(), ") must be <= hysteresis (", o.hysteresis(), ")");
 
+  settle_clips();  // (before the scale changes)
   options_ = o;
   if (scale_.defined()) {  // keep the device the state lives on
     scale_.copy_(scale);
@@ -406,7 +451,21 @@ void GradScaler::load(torch::serialize::InputArchive& archive) {
     skipped_steps_ = skipped.clone();
     state_movable_ = true;
   }
-  per_optimizer_.clear();
+}
+
+void GradScaler::settle_clips() {
+  // A clip pending between clip_grad_norm_() and step() unscales with the
+  // scale it measured: applied to its gradients before the scale changes, as
+  // torch's recipe has them at that point. The records stay (as Python's and
+  // torch's load_state_dict keep this iteration's records). Throws, before
+  // anything changed, when some gradient was written in place since.
+  for (auto& [opt, record] : per_optimizer_) {
+    if (record.clip) (void)record.clip->valid();
+  }
+  at::NoGradGuard no_grad;
+  for (auto& [opt, record] : per_optimizer_) {
+    if (record.clip) settle_clip(record);
+  }
 }
 
 torch::serialize::OutputArchive& operator<<(torch::serialize::OutputArchive& archive,

@@ -329,4 +329,4 @@ def test_optimizer_clip_without_scaler_matches_torch():
         o2.step()
     for p1, p2 in zip(m1.parameters(), m2.parameters()):
         assert rel_err(p2, p1) <= 1e-5
-    assert "_pending_clip" not in o2.__dict__  # used by one step only
+    assert o2._clip_slot.pending is None  # used by one step only

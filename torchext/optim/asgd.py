@@ -126,6 +126,7 @@ class ASGD(GroupsAlias, Optimizer):
                         capturable=capturable, fused=fused)
         self._gen = Generation()
         self._slot_cache = None
+        self._clip_slot = _clip.ClipSlot()  # this optimizer's own pending clip
         super().__init__(params, defaults)
         own_containers(self, self._gen)
         if fused:
@@ -244,7 +245,7 @@ class ASGD(GroupsAlias, Optimizer):
         enabled GradScaler call ``scaler.clip_grad_norm_(opt, ...)`` instead:
         these grads are scaled."""
         norm_type = float(norm_type)
-        pending = self.__dict__.pop("_pending_clip", None)
+        pending, self._clip_slot.pending = self._clip_slot.pending, None
         if pending is not None and pending.valid():  # a second clip: the first applied
             pending.apply_(self._grads(), None)
         own = self._torchext_amp_norms(norm_type, None)  # the holders' read, in C++
@@ -263,7 +264,7 @@ class ASGD(GroupsAlias, Optimizer):
             _clip.check_nonfinite(total, norm_type, error_if_nonfinite)
             coef = _clip.clip_coef(total, max_norm)
         if coef is not None:
-            self._pending_clip = _clip.PendingClip(self, coef, False, seen)
+            self._clip_slot.pending = _clip.PendingClip(self, coef, False, seen)
         return total
 
     def _grads(self) -> list[Tensor]:
@@ -276,19 +277,19 @@ class ASGD(GroupsAlias, Optimizer):
         applied to them as torch's clip leaves them (for what needs them so:
         a state_dict, a copy); dropped when they were replaced; kept when they
         were written in place (the step will refuse it)."""
-        pending = self.__dict__.get("_pending_clip")
+        pending = self._clip_slot.pending
         if pending is None:
             return
         status = pending.status()
         if status == _clip.SAME:
             pending.apply_(self._grads(), None)
         if status != _clip.WRITTEN:
-            del self._pending_clip
+            self._clip_slot.pending = None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """As torch's ``Optimizer.zero_grad`` (traceable by torch.compile),
         and drops a pending :meth:`clip_grad_norm_`: its gradients are gone."""
-        self.__dict__.pop("_pending_clip", None)
+        self._clip_slot.pending = None
         super().zero_grad(set_to_none)
 
     # ------------------------------------------------------------------ step
@@ -315,10 +316,10 @@ class ASGD(GroupsAlias, Optimizer):
         found_inf = getattr(self, "found_inf", None)
         clip_coef = getattr(self, "clip_coef", None)
         # This optimizer's own pending clip (clip_grad_norm_ without a scaler).
-        pending = self.__dict__.get("_pending_clip")
+        pending = self._clip_slot.pending
         if pending is not None:
             if not pending.valid():  # (raises, changing nothing, when written in place)
-                del self._pending_clip
+                self._clip_slot.pending = None
                 pending = None
             elif clip_coef is None:
                 clip_coef = pending.coef
@@ -342,7 +343,7 @@ class ASGD(GroupsAlias, Optimizer):
             finally:
                 torch._C._set_grad_enabled(grad_was)
         if pending is not None:
-            del self._pending_clip  # consumed: a refused step keeps it
+            self._clip_slot.pending = None  # consumed: a refused step keeps it
         return loss
 
     step = mark_step_not_wrapped(gate_compiled_step(_hooked_step(step)))
@@ -513,12 +514,12 @@ class ASGD(GroupsAlias, Optimizer):
             group.setdefault("fused", None)
         self._gen = Generation()
         self._slot_cache = None
+        self._clip_slot = _clip.ClipSlot()
         own_containers(self, self._gen)
 
     def __getstate__(self) -> dict[str, Any]:
         self._settle_clip()  # (a copy holds no pending clip: its grads are not copied with it)
         state = super().__getstate__()
-        state.pop("_pending_clip", None)
         if getattr(self, _averaging.FLAG, False):
             # Pickled inside averaged_parameters() (AWD-LSTM saves the
             # optimizer there): the params hold the averages and the state's

@@ -38,15 +38,19 @@ class TORCHEXT_API FusedAmpStep {
 
   // One step with the scaler's records:
   // - grad_scale: divide the gradients by it on the fly (float32, 1 element);
-  //   undefined when they were unscaled already (GradScaler::unscale_). A
-  //   clip from GradScaler::clip_grad_norm_ is folded in: scale / coef (1 /
-  //   coef after unscale_), so the step also clips.
+  //   undefined when they were unscaled already (GradScaler::unscale_).
+  // - clip_coef: a pending clip's coefficient (GradScaler::clip_grad_norm_;
+  //   float32 or float64, 1 element), undefined when there is none: the
+  //   unscaled gradients are then multiplied by it, a second factor, never
+  //   folded into grad_scale (scale / coef overflows float32 at the largest
+  //   scales). torchext::optim::ASGD passes it to the asgd_ op's clip_coef.
   // - found_inf: undefined when the scaler checked on the host that the
   //   gradients are finite; else a 1-element float32 tensor, and the step
   //   must change nothing when it is nonzero (decided on the device).
   // Returns what step() returns (GradScaler::step returns it in turn).
   virtual torch::Tensor step_with_amp(const torch::Tensor& grad_scale,
-                                      const torch::Tensor& found_inf) = 0;
+                                      const torch::Tensor& found_inf,
+                                      const torch::Tensor& clip_coef) = 0;
 
   // True when no host read of found_inf may happen before the step (the
   // scaler then always calls step_with_amp and the skip is decided on the

@@ -32,6 +32,7 @@
 #include <ATen/core/ivalue.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <optional>
@@ -39,6 +40,9 @@
 #include <vector>
 
 namespace torchext {
+namespace api {
+struct PendingClip;  // csrc/api/clip_grad.h
+}
 namespace amp {
 
 struct TORCHEXT_API GradScalerOptions {
@@ -51,6 +55,12 @@ struct TORCHEXT_API GradScalerOptions {
   TORCH_ARG(int64_t, hysteresis) = 1;
   TORCH_ARG(std::optional<double>, min_scale) = std::nullopt;
   TORCH_ARG(std::optional<double>, max_scale) = std::nullopt;
+  // Allow unscaling fp16 gradients (pure fp16 training; torchext's fused
+  // ASGD computes in fp32). Python's allow_fp16, with its rule: torch's
+  // unscale_ refuses them, and so do unscale_(), clip_grad_norm_() and the
+  // step of an optimizer a torch scaler would unscale first (every one but
+  // a FusedAmpStep whose amp_step_must_not_sync() is true).
+  TORCH_ARG(bool, allow_fp16) = false;
 };
 
 class TORCHEXT_API GradScaler {
@@ -78,24 +88,35 @@ class TORCHEXT_API GradScaler {
   // (0-d, their dtype, the first gradient's device; inf/NaN on an overflow,
   // as torch's recipe returns; a float 0 on the CPU with no gradient) and
   // records the inf/NaN check. The clip coefficient
-  // min(max_norm / (total + 1e-6), 1) stays on the device and the next
-  // step() applies it: an optimizer implementing FusedAmpStep (torchext's
-  // ASGD) gets grad_scale = scale / coef and unscales and clips on the fly,
-  // so its gradients are never rewritten (still scaled after the step); any
-  // other optimizer gets its gradients unscaled and clipped in one pass
-  // before its step(), as torch's recipe leaves them. After unscale_() only
-  // the coefficient is folded in. At most once per optimizer between
-  // update()s, and not after step(). A disabled scaler clips as
-  // ASGD::clip_grad_norm_ (torchext's ASGD) or in place (the drop-in,
-  // torchext/nn/clip_grad.h).
+  // min(max_norm / (total + 1e-6), 1) stays on the device, in one pending
+  // clip (csrc/api/clip_grad.h, api::PendingClip: its whole life), and the
+  // next step() applies it: an optimizer implementing FusedAmpStep
+  // (torchext's ASGD) gets grad_scale = scale and clip_coef = coef, two
+  // factors it applies on the fly, so its gradients are never rewritten
+  // (still scaled after the step); any other optimizer gets its gradients
+  // unscaled and clipped in one pass before its step(), as torch's recipe
+  // leaves them. After unscale_() only the coefficient waits. A second clip
+  // before the step composes as torch's recipe (the pending one is applied
+  // to the gradients, which are then measured again). Not after step().
+  // fp16 gradients are refused unless allow_fp16. A non-finite norm refused
+  // by error_if_nonfinite is refused as by torch's recipe, after its
+  // unscale_: the inf check is recorded. max_norm = inf measures and never
+  // clips. A disabled scaler clips as ASGD::clip_grad_norm_ (torchext's
+  // ASGD) or in place (the drop-in, torchext/nn/clip_grad.h).
   torch::Tensor clip_grad_norm_(torch::optim::Optimizer& optimizer, double max_norm,
                                 double norm_type = 2.0, bool error_if_nonfinite = false);
 
   // Steps the optimizer unless the gradients overflowed (fused_step.h).
   // Returns what the optimizer's step (step() or step_with_amp()) returned,
   // or an undefined tensor when it was not called (an overflow, read on the
-  // host). All or nothing: when the optimizer's step throws, the scaler's
-  // records for it are as they were.
+  // host). When the optimizer's step throws, the records say what the
+  // gradients are: a fused step wrote nothing and keeps the pending clip
+  // for a retry; gradients unscaled (and clipped) in place before a plain
+  // optimizer's step stay so, and the record says so (a retry does not
+  // multiply them again). With no gradient, a FusedAmpStep whose
+  // amp_step_must_not_sync() is true steps a no-op; any other optimizer
+  // throws "no inf checks were recorded" (torch's answers for its fused and
+  // plain optimizers).
   torch::Tensor step(torch::optim::Optimizer& optimizer);
 
   // Updates the scale from the found_inf of every optimizer stepped (or
@@ -137,17 +158,24 @@ class TORCHEXT_API GradScaler {
   void load_state_dict(const c10::impl::GenericDict& state_dict);
 
  private:
+  // torch's OptState; kUnscaled after unscale_() or clip_grad_norm_().
   enum class Stage { kReady, kUnscaled, kStepped };
   struct PerOptimizer {
     Stage stage = Stage::kReady;
     std::vector<std::pair<c10::Device, torch::Tensor>> found_inf_per_device;
-    bool clipped = false;      // clip_grad_norm_() ran since the last update()
-    torch::Tensor clip_coef;   // its coefficient, until a step applies it
+    std::shared_ptr<const api::PendingClip> clip;  // waits for the step
   };
 
   void check_scale_created(const char* where) const;
   void ensure_state(const c10::Device& device);
   torch::Tensor combined_found_inf(const PerOptimizer& s) const;
+  // A pending clip made concrete: applied to its gradients when they are
+  // still those it measured (the record then says kUnscaled, no clip), else
+  // dropped (with its inf check when it read scaled gradients). Throws,
+  // changing nothing, when they were written in place.
+  void settle_clip(PerOptimizer& record) const;
+  void settle_clips();  // every record's, before load()/load_state_dict() change the scale
+  void apply_clip(PerOptimizer& record) const;
 
   GradScalerOptions options_;
   torch::Tensor scale_, growth_tracker_, hysteresis_tracker_;

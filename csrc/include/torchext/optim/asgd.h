@@ -14,6 +14,7 @@
 #include <torch/serialize/archive.h>
 #include <torch/types.h>
 
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -21,6 +22,9 @@
 // from a library built with -fvisibility=hidden, as the Python extension is.)
 
 namespace torchext {
+namespace api {
+struct PendingClip;  // csrc/api/clip_grad.h
+}
 namespace optim {
 
 class AveragedParameters;  // torchext/optim/averaging.h
@@ -117,11 +121,12 @@ class TORCHEXT_API ASGD : public torch::optim::Optimizer, public amp::FusedAmpSt
 
   // The fused step of GradScaler's protocol (torchext/amp/fused_step.h):
   // grads are unscaled on the fly by grad_scale (undefined: already
-  // unscaled), and when found_inf is defined nothing at all changes where it
-  // is nonzero, decided on the device with no host sync. All or nothing, as
-  // step(). Returns what step() returns without a closure (undefined).
-  torch::Tensor step_with_amp(const torch::Tensor& grad_scale,
-                              const torch::Tensor& found_inf) override;
+  // unscaled), then multiplied by clip_coef (undefined: no clip), and when
+  // found_inf is defined nothing at all changes where it is nonzero, decided
+  // on the device with no host sync. All or nothing, as step(). Returns what
+  // step() returns without a closure (undefined).
+  torch::Tensor step_with_amp(const torch::Tensor& grad_scale, const torch::Tensor& found_inf,
+                              const torch::Tensor& clip_coef) override;
   // True when every group has capturable=true (Python's
   // _step_supports_amp_scaling): a GradScaler then never reads found_inf on
   // the host and always calls step_with_amp.
@@ -133,13 +138,33 @@ class TORCHEXT_API ASGD : public torch::optim::Optimizer, public amp::FusedAmpSt
   // gradient's device; a float 0 on the CPU with no gradient) from one fused
   // read of the gradients, and the next step (step() or step_with_amp())
   // multiplies each gradient by the clip coefficient
-  // min(max_norm / (total + 1e-6), 1) on the fly, through the grad_scale it
-  // divides by, instead of a pass that rewrites them: the gradients are left
-  // as they are. No host sync unless error_if_nonfinite. Used by the next
-  // step only (a refused step keeps it). With a GradScaler use
-  // GradScaler::clip_grad_norm_: these gradients are scaled.
+  // min(max_norm / (total + 1e-6), 1) on the fly instead of a pass that
+  // rewrites them: the gradients are left as they are. No host sync unless
+  // error_if_nonfinite. The coefficient waits in one pending clip
+  // (csrc/api/clip_grad.h, api::PendingClip: its whole life), used by the
+  // next step only and dropped by zero_grad(). A second clip before the step
+  // composes as torch's (the first is applied to the gradients, then they are
+  // measured again). max_norm = inf measures and never clips. With an
+  // enabled GradScaler use GradScaler::clip_grad_norm_: these gradients are
+  // scaled.
   torch::Tensor clip_grad_norm_(double max_norm, double norm_type = 2.0,
                                 bool error_if_nonfinite = false);
+
+  // As Optimizer::zero_grad, and drops a pending clip_grad_norm_ (its
+  // gradients are gone). Optimizer::zero_grad is not virtual: called through
+  // a torch::optim::Optimizer&, the base one runs, and the step then finds
+  // the gradients replaced (set_to_none: the clip is dropped) or written
+  // (zeroed in place: the step refuses the clip).
+  void zero_grad(bool set_to_none = true);
+
+  // Applies a pending clip_grad_norm_ to the gradients, as torch's clip
+  // leaves them, when they are still the ones it measured (dropped when they
+  // were replaced; kept when they were written in place: the step then
+  // refuses it). save() and torchext::save_state_dict do this first, so an
+  // optimizer rebuilt from the checkpoint steps the gradients clipped.
+  void apply_pending_clip() const;
+
+  ~ASGD() override;
 
   // Hides Optimizer::add_param_group (not virtual), which replaces the
   // options of a group with the defaults for optimizer types it does not
@@ -151,7 +176,9 @@ class TORCHEXT_API ASGD : public torch::optim::Optimizer, public amp::FusedAmpSt
   // torch::save(optimizer, path) / torch::load(optimizer, path) use these.
   // load() validates the archive against the current parameters (group
   // count and sizes, state shapes) and changes nothing when it does not fit.
-  // State tensors are moved to each parameter's device.
+  // State tensors are moved to each parameter's device. save() refuses while
+  // an AveragedParameters guard is alive (the parameters then hold the
+  // averages), as Python's state_dict() does.
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
 
@@ -164,14 +191,21 @@ class TORCHEXT_API ASGD : public torch::optim::Optimizer, public amp::FusedAmpSt
   // t0_per_param holds them all when they differ (else it is cleared).
   [[nodiscard]] AveragedParameters averaged_parameters();
   void start_averaging();
+  // Throws while an AveragedParameters guard is alive; `what` names the call.
+  void check_not_averaged(const char* what) const;
 
  private:
   friend class AveragedParameters;
   bool averaged_in_ = false;  // a guard is alive: step() refuses
-  torch::Tensor clip_coef_;   // clip_grad_norm_'s coefficient, until a step uses it
-  // The step: folds in clip_coef_, then step_groups.
-  void step_impl(const torch::Tensor* grad_scale, const torch::Tensor* found_inf);
-  void step_groups(const torch::Tensor* grad_scale, const torch::Tensor* found_inf);
+  // This optimizer's own pending clip (clip_grad_norm_ without a scaler);
+  // mutable: save() applies it to the gradients (apply_pending_clip).
+  mutable std::unique_ptr<api::PendingClip> pending_clip_;
+  // The step: combines the pending clip's coefficient with clip_coef, then
+  // step_groups.
+  void step_impl(const torch::Tensor* grad_scale, const torch::Tensor* found_inf,
+                 const torch::Tensor* clip_coef);
+  void step_groups(const torch::Tensor* grad_scale, const torch::Tensor* found_inf,
+                   const torch::Tensor* clip_coef);
 };
 
 }  // namespace optim
