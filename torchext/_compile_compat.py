@@ -16,7 +16,7 @@ import torch
 
 __all__ = ["GroupsAlias", "param_groups", "mark_step_not_wrapped", "is_marked_not_wrapped",
            "LR_SCHED_MARKER", "SUPPORTED_TORCH", "torch_version", "TorchFeature",
-           "TorchTooOldError", "COMPILED_STEP", "FEATURES", "mse_loss_mixed_dtype_works",
+           "COMPILED_STEP", "FEATURES", "mse_loss_mixed_dtype_works",
            "promoting_mse_loss", "gate_compiled_step"]
 
 # (1) torch's LR schedulers wrap `optimizer.step` in a function defined in
@@ -76,12 +76,13 @@ def _zero_one_grad(p: torch.Tensor, set_to_none: bool) -> None:
 # torchext's ASGD gathers under other names (`_run_step` -> `_call` ->
 # `_gather`, traced like any Python code); its `_init_group` is a separate
 # loop over the same slot groups, kept only for callers of torch's name.
-DYNAMO_INTERCEPTED_INIT = "_init_group"
+# (No code here: the workaround is the step path's names, checked by
+# tests/compile/test_compile_compat.py.)
 
 
 # ---------------------------------------------------------------------------
 # Torch versions. torchext supports torch 2.11 to 2.15 (SUPPORTED_TORCH; the
-# library is built for one of them, torchext/__init__.py). What an older torch
+# library is built for one of them, torchext/_library.py). What an older torch
 # in that range cannot do is a TorchFeature below: refused at its first call
 # with a message naming it and the first torch that has it, and its tests
 # skip with that message. What an older torch does differently but can be
@@ -100,10 +101,6 @@ def torch_version(version: str | None = None) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-class TorchTooOldError(RuntimeError):
-    """A torchext feature that the running torch cannot support."""
-
-
 class TorchFeature(NamedTuple):
     """A feature that needs a newer torch than the oldest supported.
     ``name`` says what the user did, ``min_torch`` the first (major, minor)
@@ -119,11 +116,6 @@ class TorchFeature(NamedTuple):
         major, minor = self.min_torch
         return (f"{self.name} needs torch >= {major}.{minor}; this is torch "
                 f"{torch.__version__ if version is None else version}. {self.why}")
-
-    def require(self) -> None:
-        """Raises TorchTooOldError (the message) when the running torch lacks it."""
-        if not self.available():
-            raise TorchTooOldError(self.message())
 
 
 # (5) Dynamo skips code defined in torch/amp/grad_scaler.py, so every method
