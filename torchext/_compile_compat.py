@@ -15,7 +15,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 __all__ = ["GroupsAlias", "param_groups", "mark_step_not_wrapped", "is_marked_not_wrapped",
-           "LR_SCHED_MARKER", "SUPPORTED_TORCH", "torch_version", "TorchFeature",
+           "LR_SCHED_MARKER", "STEP_CALLED", "StepCalled", "SUPPORTED_TORCH", "torch_version", "TorchFeature",
            "COMPILED_STEP", "FEATURES", "mse_loss_mixed_dtype_works",
            "promoting_mse_loss", "gate_compiled_step"]
 
@@ -25,7 +25,24 @@ __all__ = ["GroupsAlias", "param_groups", "mark_step_not_wrapped", "is_marked_no
 # wrapper's weakref hides the grad_scale/found_inf GradScaler sets in the same
 # graph). A step that records `_opt_called` itself carries this marker, and
 # the schedulers then leave it alone.
+# (1b) And Dynamo drops every attribute a compiled function writes on a
+# torch.optim.Optimizer (it does not track optimizers for side effects:
+# OptimizerVariable is not among the types VariableBuilder registers with
+# track_object_existing), so a compiled step's `self._opt_called = True` never
+# reaches the optimizer, and the scheduler's first step() warns "Detected call
+# of `lr_scheduler.step()` before `optimizer.step()`". Writes on a plain
+# object it holds are kept: GroupsAlias keeps `_opt_called` in a StepCalled.
 LR_SCHED_MARKER = "_wrapped_by_lr_sched"
+STEP_CALLED = "_torchext_step_called"
+
+
+class StepCalled:
+    """(1b) Whether ``step()`` was called, for torch's LR schedulers
+    (``optimizer._opt_called``), in an object Dynamo tracks: a compiled
+    step's ``called = True`` reaches it."""
+
+    def __init__(self) -> None:
+        self.called = False
 
 
 def mark_step_not_wrapped(step: Callable[..., Any]) -> Callable[..., Any]:
@@ -166,10 +183,33 @@ STEP_GATE_FRAMES = 0 if COMPILED_STEP.available() else 1
 
 class GroupsAlias:
     """Mixin for torchext's optimizers: ``_current_groups()`` (see
-    :func:`param_groups`) and (3) a traceable ``zero_grad``: torch's
+    :func:`param_groups`), (1b) an ``_opt_called`` that a compiled step can
+    set, and (3) a traceable ``zero_grad``: torch's
     ``Optimizer.zero_grad`` is wrapped in ``torch._disable_dynamo``, a graph
     break in a fullgraph train step; this one does the same thing and is
     traceable."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.__dict__[STEP_CALLED] = StepCalled()
+        super().__init__(*args, **kwargs)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)  # (torch's __getstate__ keeps no flag: a copy starts afresh)
+        self.__dict__.setdefault(STEP_CALLED, StepCalled())
+
+    @property
+    def _opt_called(self) -> bool:
+        """What torch's LR schedulers read (see (1b)): True once ``step()``
+        ran, compiled or not."""
+        box = self.__dict__.get(STEP_CALLED)
+        return box is not None and box.called
+
+    @_opt_called.setter
+    def _opt_called(self, value: bool) -> None:
+        box = self.__dict__.get(STEP_CALLED)
+        if box is None:  # (made at construction; only eagerly can it be made here)
+            box = self.__dict__[STEP_CALLED] = StepCalled()
+        box.called = bool(value)
 
     def _current_groups(self) -> list[dict[str, Any]]:
         return param_groups(self)
