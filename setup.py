@@ -11,10 +11,11 @@ Install with:  pip install --no-build-isolation -e .
 
 Every wheel is built for one torch: its version carries a PEP 440 local
 label naming that torch (0.1.0+torch2.13.0.cpu, 0.1.0+torch2.14.1.cu130), it
-requires exactly that torch version, and it is tagged cp39-abi3 (the library
+requires exactly that torch version, and it is tagged cp310-abi3 (the library
 uses no Python C API: it is loaded with torch.ops.load_library), so one wheel
-serves every Python version that torch supports. scripts/build_wheels.sh
-builds them; an sdist keeps the plain version.
+serves every Python version that torch supports: 3.10 and newer, the oldest
+Python any supported torch has (tests/package/test_python_support.py).
+scripts/build_wheels.sh builds them; an sdist keeps the plain version.
 """
 import glob
 import importlib.util
@@ -377,8 +378,10 @@ setup(
     package_data={"torchext": ["share/cmake/torchext/*.cmake", "include/torchext/**/*.h"]},
     ext_modules=[ext],
     cmdclass={"build_ext": build_ext, "build_py": build_py},
-    options={"bdist_wheel": {"py_limited_api": "cp39"}},
-    python_requires=">=3.9",
+    # Both the oldest Python of the supported torch range (torch 2.11: 3.10),
+    # checked by tests/package/test_python_support.py.
+    options={"bdist_wheel": {"py_limited_api": "cp310"}},
+    python_requires=">=3.10",
     install_requires=[torch_requirement],
     # `pip install torchext[bench]`: the progress bar and --plot of `torchext bench`.
     # `pip install torchext[integrations]`: the training frameworks that

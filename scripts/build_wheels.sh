@@ -11,7 +11,7 @@
 # (scripts/setup_env.sh, incremental), then the wheel reuses those objects
 # (build/temp.torchext; only the link is redone). Its version carries the torch
 # (0.1.0+torch2.13.0.cpu, 0.1.0+torch2.14.1.cu130), it requires that torch,
-# and it is tagged cp39-abi3 (one wheel for every Python that torch supports).
+# and it is tagged cp310-abi3 (one wheel for every Python that torch supports).
 # A CUDA torch's wheel must hold CUDA kernels (nvcc 13.0; TORCH_CUDA_ARCH_LIST,
 # default 8.0;9.0+PTX). Test a wheel with scripts/test_wheel.sh.
 set -euo pipefail
@@ -54,7 +54,7 @@ for tv in ${WHEEL_TORCHES[@]+"${WHEEL_TORCHES[@]}"}; do
     whl=$(ls "$out"/torchext-*.whl)
     name=$(basename "$whl")
     case "$name" in
-      "torchext-$VERSION+torch${tv%%+*}.${variant:-}"*-cp39-abi3-*.whl) ;;
+      "torchext-$VERSION+torch${tv%%+*}.${variant:-}"*-cp310-abi3-*.whl) ;;
       *) echo "build_wheels.sh: unexpected wheel name $name" >&2; exit 1 ;;
     esac
     # A package index takes manylinux wheels, not linux_x86_64 ones:
@@ -69,7 +69,7 @@ for tv in ${WHEEL_TORCHES[@]+"${WHEEL_TORCHES[@]}"}; do
       --exclude 'libcudart.so*' --exclude 'libshm.so' "$whl"
     rm -f "$whl" && whl=$(ls "$fixed"/torchext-*.whl) && name=$(basename "$whl")
     case "$name" in
-      *-cp39-abi3-manylinux_2_28_x86_64.whl) ;;
+      *-cp310-abi3-manylinux_2_28_x86_64.whl) ;;
       *) echo "build_wheels.sh: auditwheel gave $name, not a manylinux_2_28 wheel" >&2; exit 1 ;;
     esac
     # One wheel per torch in dist/: replace an older build for this torch.

@@ -54,7 +54,7 @@ fi
 echo "== wheel (torch $TORCH_VERSION)"
 bash scripts/build_wheels.sh --no-sdist "$TORCH_VERSION"
 # The wheel of this build (0.1.0+torch2.13.0.cu130, not the .cpu one beside it).
-WHEEL=$(ls "dist/torchext-$("$PY" -c 'import torchext; print(torchext.__version__)')-cp39-abi3-"*.whl)
+WHEEL=$(ls "dist/torchext-$("$PY" -c 'import torchext; print(torchext.__version__)')-cp310-abi3-"*.whl)
 echo "== Python tests against the installed wheel (torch $TORCH_VERSION)"
 TORCH_VERSION=$TORCH_VERSION bash scripts/test_wheel.sh "$WHEEL"
 echo "== C++ tests (torch $TORCH_VERSION)"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tests an installed torchext wheel, not the source tree:
 #
-#   bash scripts/test_wheel.sh dist/torchext-0.1.0+torch2.13.0.cpu-cp39-abi3-manylinux_2_28_x86_64.whl
+#   bash scripts/test_wheel.sh dist/torchext-0.1.0+torch2.13.0.cpu-cp310-abi3-manylinux_2_28_x86_64.whl
 #   FRESH=1 bash scripts/test_wheel.sh WHEEL   # a brand-new venv: pip installs the wheel and the torch it requires
 #
 # 1. An environment with the wheel installed and nothing of the checkout:
@@ -27,7 +27,7 @@ SRC=$PWD
 [ $# -eq 1 ] && [ -f "$1" ] || { echo "usage: scripts/test_wheel.sh WHEEL" >&2; exit 2; }
 WHEEL=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 name=$(basename "$WHEEL")
-# torchext-0.1.0+torch2.13.0.cpu-cp39-abi3-manylinux_2_28_x86_64.whl -> torch2.13.0.cpu, 2.13.0
+# torchext-0.1.0+torch2.13.0.cpu-cp310-abi3-manylinux_2_28_x86_64.whl -> torch2.13.0.cpu, 2.13.0
 label=$(sed -E 's/^torchext-[^+]+\+([^-]+)-.*/\1/' <<< "$name")
 # The torch environment to test in (scripts/venv.sh): the caller's
 # TORCH_VERSION (scripts/test.sh passes it: 2.13.0+cu130), else the wheel's

@@ -15,8 +15,8 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 __all__ = ["GroupsAlias", "param_groups", "mark_step_not_wrapped", "is_marked_not_wrapped",
-           "LR_SCHED_MARKER", "SUPPORTED_TORCH", "torch_version", "TorchFeature",
-           "TorchTooOldError", "COMPILED_STEP", "FEATURES", "mse_loss_mixed_dtype_works",
+           "LR_SCHED_MARKER", "STEP_CALLED", "StepCalled", "SUPPORTED_TORCH", "torch_version", "TorchFeature",
+           "COMPILED_STEP", "FEATURES", "mse_loss_mixed_dtype_works",
            "promoting_mse_loss", "gate_compiled_step"]
 
 # (1) torch's LR schedulers wrap `optimizer.step` in a function defined in
@@ -25,7 +25,24 @@ __all__ = ["GroupsAlias", "param_groups", "mark_step_not_wrapped", "is_marked_no
 # wrapper's weakref hides the grad_scale/found_inf GradScaler sets in the same
 # graph). A step that records `_opt_called` itself carries this marker, and
 # the schedulers then leave it alone.
+# (1b) And Dynamo drops every attribute a compiled function writes on a
+# torch.optim.Optimizer (it does not track optimizers for side effects:
+# OptimizerVariable is not among the types VariableBuilder registers with
+# track_object_existing), so a compiled step's `self._opt_called = True` never
+# reaches the optimizer, and the scheduler's first step() warns "Detected call
+# of `lr_scheduler.step()` before `optimizer.step()`". Writes on a plain
+# object it holds are kept: GroupsAlias keeps `_opt_called` in a StepCalled.
 LR_SCHED_MARKER = "_wrapped_by_lr_sched"
+STEP_CALLED = "_torchext_step_called"
+
+
+class StepCalled:
+    """(1b) Whether ``step()`` was called, for torch's LR schedulers
+    (``optimizer._opt_called``), in an object Dynamo tracks: a compiled
+    step's ``called = True`` reaches it."""
+
+    def __init__(self) -> None:
+        self.called = False
 
 
 def mark_step_not_wrapped(step: Callable[..., Any]) -> Callable[..., Any]:
@@ -76,12 +93,13 @@ def _zero_one_grad(p: torch.Tensor, set_to_none: bool) -> None:
 # torchext's ASGD gathers under other names (`_run_step` -> `_call` ->
 # `_gather`, traced like any Python code); its `_init_group` is a separate
 # loop over the same slot groups, kept only for callers of torch's name.
-DYNAMO_INTERCEPTED_INIT = "_init_group"
+# (No code here: the workaround is the step path's names, checked by
+# tests/compile/test_compile_compat.py.)
 
 
 # ---------------------------------------------------------------------------
 # Torch versions. torchext supports torch 2.11 to 2.15 (SUPPORTED_TORCH; the
-# library is built for one of them, torchext/__init__.py). What an older torch
+# library is built for one of them, torchext/_library.py). What an older torch
 # in that range cannot do is a TorchFeature below: refused at its first call
 # with a message naming it and the first torch that has it, and its tests
 # skip with that message. What an older torch does differently but can be
@@ -100,10 +118,6 @@ def torch_version(version: str | None = None) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-class TorchTooOldError(RuntimeError):
-    """A torchext feature that the running torch cannot support."""
-
-
 class TorchFeature(NamedTuple):
     """A feature that needs a newer torch than the oldest supported.
     ``name`` says what the user did, ``min_torch`` the first (major, minor)
@@ -119,11 +133,6 @@ class TorchFeature(NamedTuple):
         major, minor = self.min_torch
         return (f"{self.name} needs torch >= {major}.{minor}; this is torch "
                 f"{torch.__version__ if version is None else version}. {self.why}")
-
-    def require(self) -> None:
-        """Raises TorchTooOldError (the message) when the running torch lacks it."""
-        if not self.available():
-            raise TorchTooOldError(self.message())
 
 
 # (5) Dynamo skips code defined in torch/amp/grad_scaler.py, so every method
@@ -174,10 +183,33 @@ STEP_GATE_FRAMES = 0 if COMPILED_STEP.available() else 1
 
 class GroupsAlias:
     """Mixin for torchext's optimizers: ``_current_groups()`` (see
-    :func:`param_groups`) and (3) a traceable ``zero_grad``: torch's
+    :func:`param_groups`), (1b) an ``_opt_called`` that a compiled step can
+    set, and (3) a traceable ``zero_grad``: torch's
     ``Optimizer.zero_grad`` is wrapped in ``torch._disable_dynamo``, a graph
     break in a fullgraph train step; this one does the same thing and is
     traceable."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.__dict__[STEP_CALLED] = StepCalled()
+        super().__init__(*args, **kwargs)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)  # (torch's __getstate__ keeps no flag: a copy starts afresh)
+        self.__dict__.setdefault(STEP_CALLED, StepCalled())
+
+    @property
+    def _opt_called(self) -> bool:
+        """What torch's LR schedulers read (see (1b)): True once ``step()``
+        ran, compiled or not."""
+        box = self.__dict__.get(STEP_CALLED)
+        return box is not None and box.called
+
+    @_opt_called.setter
+    def _opt_called(self, value: bool) -> None:
+        box = self.__dict__.get(STEP_CALLED)
+        if box is None:  # (made at construction; only eagerly can it be made here)
+            box = self.__dict__[STEP_CALLED] = StepCalled()
+        box.called = bool(value)
 
     def _current_groups(self) -> list[dict[str, Any]]:
         return param_groups(self)

@@ -37,7 +37,7 @@ def test_version_names_the_torch_and_requires_it():
     # one wheel for every Python version torch supports: the stable ABI tag
     wheel = dist.read_text("WHEEL")
     # ... and the platform tag of torch's own wheels, which a package index takes
-    assert re.search(r"^Tag: cp39-abi3-manylinux_2_28_x86_64$", wheel, re.M), wheel
+    assert re.search(r"^Tag: cp310-abi3-manylinux_2_28_x86_64$", wheel, re.M), wheel
 
 
 def test_library_needs_no_glibc_newer_than_manylinux_2_28():

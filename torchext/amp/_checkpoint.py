@@ -20,7 +20,7 @@ def _library_version() -> int:
     torchext.cpu_isa() reads the ISA."""
     import ctypes
 
-    from .. import library_path
+    from .._library import library_path
     fn = ctypes.CDLL(library_path).torchext_scaler_state_dict_version
     fn.restype = ctypes.c_int64
     return int(fn())

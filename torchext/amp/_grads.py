@@ -8,7 +8,7 @@ from torch import Tensor
 
 from .._compile_compat import param_groups
 from .._devices import indices_by_device, pick
-from ..optim._dtensor import to_local
+from .._dtensor import to_local
 
 __all__ = ["GradsByDevice"]
 

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from .._devices import indices_by_device, pick
-from . import _dtensor
+from .. import _dtensor
 from ._state import SCALAR_KEYS, scalar_dtype
 
 __all__ = ["check_hyperparams", "validate_state_dict", "restore_scalar_state"]

@@ -35,8 +35,8 @@ from typing import Any, Iterable
 import torch
 from torch import Tensor
 
-from .. import _devices
-from . import _dtensor, _op
+from .. import _devices, _dtensor
+from . import _op
 from .functional import use_fused
 
 __all__ = ["Generation", "ParamState", "StateMap", "ParamList", "SlotGroup", "ParamGroupSlots",

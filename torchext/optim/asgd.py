@@ -13,7 +13,8 @@ from torch.optim.optimizer import Optimizer, ParamsT
 from .. import _clip, _devices
 from .._compile_compat import (GroupsAlias, mark_step_not_wrapped, param_groups,
                                gate_compiled_step)
-from . import _checkpoint, _dtensor, _op
+from .. import _dtensor
+from . import _checkpoint, _op
 from . import averaging as _averaging
 from . import functional as F
 from ._state import SCALAR_KEYS, Generation, ParamGroupSlots, ParamState, own_containers

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from .._devices import indices_by_device, pick
-from . import _dtensor
+from .. import _dtensor
 
 __all__ = ["averaged_parameters", "start_averaging", "NonMonotonicTrigger",
            "averaged_state_dict"]

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import _devices
-from . import _dtensor, _op
+from .. import _devices, _dtensor
+from . import _op
 
 __all__ = ["asgd", "fused_supported", "use_fused", "reference_asgd", "ListCall", "FusedCall",
            "ReferenceCall", "HolderCall", "list_call", "run_calls"]
