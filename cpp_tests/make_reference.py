@@ -27,6 +27,9 @@ Everything is produced by PyTorch itself at test time (nothing is committed):
                   torch's SGD), a disabled scaler, ASGD.clip_grad_norm_ without a
                   scaler; a small MLP through overflows with clipping active:
                   the total norms, scales, skipped steps, final params.
+  clip_edges_ref.pt  the pending clip's rules (top scales, an abandoned clip,
+                  a rebuilt optimizer, second clips, a retried step, a scaler
+                  round trip between clip and step), short scripts C++ replays.
   unfused_ref.pt  torchext.optim.ASGD(fused=False) (reference_asgd and
                   _create_state) over options, tensor lr, grad_scale/found_inf,
                   capturable, complex: the C++ unfused step must match bit for bit.
@@ -580,6 +583,115 @@ def clip_reference(out):
     torch.save(ref, os.path.join(out, "clip_ref.pt"))
 
 
+# ---- the clip's edges: Python's torchext vs C++ (test_grad_scaler.cpp) -------
+# Each scenario is a short script the C++ test replays call for call
+# (GradScaler.ClipEdgesMatchPython): the pending clip's rules (top scales,
+# an abandoned clip, a rebuilt optimizer, second clips, a retried step, a
+# scaler round trip between clip and step), every number bit for bit.
+EDGE_W = [[0.5, -1.0, 2.0], [1.5, 0.25, -0.75]]  # a 2x3 weight
+EDGE_X = [[1.0, 2.0, -1.0], [0.5, -2.0, 3.0], [-1.5, 1.0, 0.5], [2.0, 0.0, -0.5]]
+
+
+def _edge_loss(w, k):
+    x = torch.tensor(EDGE_X) * (1.0 + k)
+    return (torch.nn.functional.linear(x, w) ** 2).mean() * 0.5
+
+
+class _RaiseOnce:
+    def __init__(self):
+        self.armed = True
+
+    def __call__(self, opt, args, kwargs):
+        if self.armed:
+            self.armed = False
+            raise RuntimeError("injected")
+
+
+def clip_edges_reference(out):
+    from torchext.amp import GradScaler
+    from torchext.optim import ASGD as TorchextASGD
+    ref = {"w": torch.tensor(EDGE_W)}
+
+    def fresh(kind, w):
+        return (TorchextASGD([w], lr=0.05, t0=2) if kind == "asgd"
+                else torch.optim.SGD([w], lr=0.05))
+
+    for kind in ("asgd", "sgd"):
+        # The top scale: 2**127, max_norm 0.1 (scale / coef overflows float32).
+        w = torch.tensor([[1.0, 1.0, 1.0]], requires_grad=True)
+        opt = fresh(kind, w)
+        scaler = GradScaler(init_scale=2.0 ** 127, growth_interval=10 ** 6)
+        norms = []
+        for _ in range(4):
+            opt.zero_grad()
+            scaler.scale((w ** 2).sum() * 0.5).backward()
+            norms.append(scaler.clip_grad_norm_(opt, 0.1))
+            scaler.step(opt)
+            scaler.update()
+        ref[f"top_{kind}/w"] = w.detach().clone()
+        ref[f"top_{kind}/norms"] = torch.stack(norms)
+        # Second clips compose (through the scaler).
+        w = torch.tensor(EDGE_W, requires_grad=True)
+        opt = fresh(kind, w)
+        scaler = GradScaler(init_scale=1024.0)
+        scaler.scale(_edge_loss(w, 1)).backward()
+        norms = [scaler.clip_grad_norm_(opt, b) for b in (0.5, 0.05, 1.0)]
+        scaler.step(opt)
+        scaler.update()
+        ref[f"twice_scaler_{kind}/w"] = w.detach().clone()
+        ref[f"twice_scaler_{kind}/norms"] = torch.stack(norms)
+        # A step that raises, then a retry.
+        w = torch.tensor(EDGE_W, requires_grad=True)
+        opt = fresh(kind, w)
+        opt.register_step_pre_hook(_RaiseOnce())
+        scaler = GradScaler(init_scale=1024.0)
+        scaler.scale(_edge_loss(w, 2)).backward()
+        scaler.clip_grad_norm_(opt, 0.05)
+        try:
+            scaler.step(opt)
+        except RuntimeError:
+            pass
+        scaler.step(opt)
+        scaler.update()
+        ref[f"retry_{kind}/w"] = w.detach().clone()
+        # The scaler saved and loaded back between clip and step.
+        w = torch.tensor(EDGE_W, requires_grad=True)
+        opt = fresh(kind, w)
+        scaler = GradScaler(init_scale=1024.0)
+        scaler.scale(_edge_loss(w, 3)).backward()
+        scaler.clip_grad_norm_(opt, 0.05)
+        scaler.load_state_dict(scaler.state_dict())
+        scaler.step(opt)
+        scaler.update()
+        ref[f"roundtrip_{kind}/w"] = w.detach().clone()
+    # ASGD without a scaler: an abandoned clip, a rebuilt optimizer, second clips.
+    w = torch.tensor(EDGE_W, requires_grad=True)
+    opt = fresh("asgd", w)
+    _edge_loss(w, 4).backward()
+    opt.clip_grad_norm_(0.01)  # ... and the loop skips this batch
+    opt.zero_grad()
+    _edge_loss(w, 5).backward()
+    opt.step()
+    ref["abandoned/w"] = w.detach().clone()
+    w = torch.tensor(EDGE_W, requires_grad=True)
+    opt = fresh("asgd", w)
+    _edge_loss(w, 6).backward()
+    opt.clip_grad_norm_(0.01)
+    sd = opt.state_dict()  # applies the pending clip to the grads
+    opt = fresh("asgd", w)
+    opt.load_state_dict(sd)
+    opt.step()
+    ref["rebuilt/w"] = w.detach().clone()
+    w = torch.tensor(EDGE_W, requires_grad=True)
+    opt = fresh("asgd", w)
+    _edge_loss(w, 7).backward()
+    norms = [opt.clip_grad_norm_(b) for b in (0.5, 0.05, 1.0)]
+    opt.step()
+    ref["twice_asgd/w"] = w.detach().clone()
+    ref["twice_asgd/norms"] = torch.stack(norms)
+    torch.save(ref, os.path.join(out, "clip_edges_ref.pt"))
+
+
 # ---- the unfused step and state creation, Python vs C++ ---------------------
 # Each case: torchext.optim.ASGD(fused=False) options, the params' dtype and
 # whether grad_scale/found_inf are set (found_inf at UNFUSED_OVERFLOW steps:
@@ -725,6 +837,7 @@ def main(argv):
     scaler_reference(out)
     amp_protocol_reference(out)
     clip_reference(out)
+    clip_edges_reference(out)
     unfused_reference(out)
     split_reference(out)
     corrupt_reference(out)

@@ -182,7 +182,7 @@ TEST(UnfusedStep, StepAndStateCreationMatchPythonBitForBit) {
       }
       if (amp) {
         const bool overflow = (overflow_at == s).any().item<bool>();
-        opt.step_with_amp(grad_scale, torch::tensor(overflow ? 1.0f : 0.0f));
+        opt.step_with_amp(grad_scale, torch::tensor(overflow ? 1.0f : 0.0f), {});
       } else {
         opt.step();
       }
@@ -339,11 +339,11 @@ TEST(ASGD, StepWithAmpUnscalesAndSkipsOnDevice) {
   ASGD a({p}, ASGDOptions(0.1).lambd(0)), b({q}, ASGDOptions(0.1).lambd(0));
   p.mutable_grad() = torch::full({4}, 8.0f);
   q.mutable_grad() = torch::full({4}, 1.0f);
-  a.step_with_amp(torch::full({}, 8.0f), torch::zeros({}));
+  a.step_with_amp(torch::full({}, 8.0f), torch::zeros({}), {});
   b.step();
   EXPECT_TRUE(close(p, q));
   const auto before = p.detach().clone();
-  a.step_with_amp(torch::full({}, 8.0f), torch::ones({}));  // overflow: nothing changes
+  a.step_with_amp(torch::full({}, 8.0f), torch::ones({}), {});  // overflow: nothing changes
   EXPECT_TRUE(torch::equal(p, before));
   EXPECT_EQ(state_of(a, p).step().item<float>(), 1.0f);
 }

@@ -124,3 +124,23 @@ TEST(Averaging, RefusedSecondDeviceLeavesEveryParameterUnchanged) {
   meta_state.ax(torch::empty({3}, torch::kMeta));
   EXPECT_NO_THROW(opt.step());
 }
+
+// A save while a guard holds the averages in the parameters would store the
+// training weights as ax: refused, as Python's state_dict() refuses it.
+TEST(Averaging, SaveUnderTheGuardIsRefused) {
+  auto w = torch::ones({3}).requires_grad_();
+  torchext::optim::ASGD opt({w}, torchext::optim::ASGDOptions(0.1).t0(0));
+  for (int i = 0; i < 3; ++i) {
+    w.mutable_grad() = torch::full({3}, static_cast<float>(i + 1));
+    opt.step();
+  }
+  {
+    auto guard = opt.averaged_parameters();
+    std::stringstream out;
+    EXPECT_THROW_MSG(torch::save(opt, out), "AveragedParameters guard is alive");
+    EXPECT_THROW_MSG(torchext::save_state_dict(opt, "/tmp/never_written.pt"),
+                     "AveragedParameters guard is alive");
+  }
+  std::stringstream out;
+  torch::save(opt, out);  // after the guard: fine
+}

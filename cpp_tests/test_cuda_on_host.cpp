@@ -159,7 +159,9 @@ void run_on_host(const ASGDCase& c, ASGDTensors& t, Runner& runner) {
 }
 
 // torch.optim.ASGD's for-loop step as torch's CUDA kernels round it, per
-// element: grad * inv_scale (GradScaler.unscale_), maximize's negation,
+// element: grad * inv_scale (GradScaler.unscale_), grad * clip_coef
+// (clip_grad_norm_'s multiply: a float64 coefficient is rounded to a float32
+// grad's dtype first, as a 0-d tensor operand is), maximize's negation,
 // grad.add(param, alpha=wd) = one FMA, param.mul_(1 - lambd*eta),
 // param.add_(grad, alpha=-eta) = one FMA, ax.add_(param.sub(ax).mul_(mu))
 // (three rounded operations, adding with alpha 1 is exact before rounding)
@@ -172,9 +174,13 @@ void emulate_torch_cuda_entry(T* p, T* ax, const T* g, int64_t n, double eta, do
   const T alpha_step = static_cast<T>(-eta);
   const T wd = static_cast<T>(c.weight_decay);
   const T tmu = static_cast<T>(mu);
+  const T clip = !c.clip_coef      ? T(1)
+                 : c.clip_double   ? static_cast<T>(*c.clip_coef)
+                                   : static_cast<T>(static_cast<float>(*c.clip_coef));
   for (int64_t i = 0; i < n; ++i) {
     T grad = g[i];
     if (c.grad_scale) grad = grad * static_cast<T>(inv_scale);
+    if (c.clip_coef) grad = grad * clip;
     if (c.maximize) grad = -grad;
     if (c.weight_decay != 0) grad = std::fma(p[i], wd, grad);
     T param = p[i] * decay;

@@ -284,10 +284,10 @@ namespace {
 struct CountingASGD : torchext::optim::ASGD {
   using ASGD::ASGD;
   std::vector<bool> found_inf_given;  // one per call: was found_inf passed?
-  torch::Tensor step_with_amp(const torch::Tensor& grad_scale,
-                              const torch::Tensor& found_inf) override {
+  torch::Tensor step_with_amp(const torch::Tensor& grad_scale, const torch::Tensor& found_inf,
+                              const torch::Tensor& clip_coef) override {
     found_inf_given.push_back(found_inf.defined());
-    return ASGD::step_with_amp(grad_scale, found_inf);
+    return ASGD::step_with_amp(grad_scale, found_inf, clip_coef);
   }
 };
 
@@ -360,8 +360,8 @@ struct FusedSGD : torch::optim::SGD, torchext::amp::FusedAmpStep {
   using SGD::SGD;
   bool device_skip = false;
   std::vector<std::pair<bool, bool>> seen;  // (grad_scale given, found_inf given)
-  torch::Tensor step_with_amp(const torch::Tensor& grad_scale,
-                              const torch::Tensor& found_inf) override {
+  torch::Tensor step_with_amp(const torch::Tensor& grad_scale, const torch::Tensor& found_inf,
+                              const torch::Tensor& /*clip_coef*/) override {
     seen.emplace_back(grad_scale.defined(), found_inf.defined());
     return torch::full({}, 7.0);
   }
@@ -565,8 +565,10 @@ TEST(GradScaler, ClipLeavesTheGradsAsDocumented) {
   }
 }
 
-// Misuse and bad input: the clip refuses before it records anything, so
-// the iteration goes on (update() then still finds no inf check recorded).
+// Misuse and bad input: the clip refuses bad gradients before it records
+// anything, so the iteration goes on (update() then still finds no inf check
+// recorded); a non-finite norm refused by error_if_nonfinite is refused as by
+// torch's recipe, after its unscale_ (the inf check stands).
 TEST(GradScalerBadInput, ClipRefusesAndRecordsNothing) {
   auto p = torch::ones({3}).requires_grad_();
   auto q = torch::ones({2}).requires_grad_();
@@ -582,6 +584,7 @@ TEST(GradScalerBadInput, ClipRefusesAndRecordsNothing) {
   const std::vector<std::pair<torch::Tensor, const char*>> bad = {
       {torch::ones({2}, torch::kInt), "dtype"},
       {torch::ones({2}).to_sparse(), "sparse"},
+      {torch::ones({2}, torch::kHalf), "FP16"},
   };
   for (const auto& [grad, msg] : bad) {
     SCOPED_TRACE(msg);
@@ -591,18 +594,247 @@ TEST(GradScalerBadInput, ClipRefusesAndRecordsNothing) {
     EXPECT_THROW_MSG(scaler.update(), "no inf checks were recorded");
   }
   q.mutable_grad() = torch::full({2}, 16.0);
-  // error_if_nonfinite reads the norm and refuses a NaN one, recording nothing.
   p.grad()[0] = std::numeric_limits<float>::quiet_NaN();
   EXPECT_THROW_MSG(scaler.clip_grad_norm_(opt, 1.0, 2.0, true), "non-finite");
-  EXPECT_THROW_MSG(scaler.update(), "no inf checks were recorded");
+  EXPECT_THROW_MSG(scaler.unscale_(opt), "already been called");  // its unscale stands
+  // A second clip composes (the first's unscale applied, then measured again).
   EXPECT_TRUE(scaler.clip_grad_norm_(opt, 1.0).isnan().item<bool>());  // as torch's recipe
-  EXPECT_THROW_MSG(scaler.clip_grad_norm_(opt, 1.0), "already been called");
   EXPECT_TRUE(scaler.step(opt).defined() == false);
   EXPECT_THROW_MSG(scaler.clip_grad_norm_(opt, 1.0), "after step");
   scaler.update();
   EXPECT_EQ(scaler.num_skipped_steps(), 1);
   EXPECT_TRUE(opt.state().empty());  // the overflowed step was never taken
   EXPECT_EQ(scaler.get_scale(), 4.0);
+}
+
+namespace {
+
+// make_reference.py's edge scripts: a 2x3 weight, loss mean((x w^T)^2) / 2.
+torch::Tensor edge_loss(const torch::Tensor& w, const torch::Tensor& x0, int k) {
+  return torch::linear(x0 * (1.0 + k), w).pow(2).mean() * 0.5;
+}
+
+// torchext's ASGD and LibTorch's SGD whose next step throws once, before it
+// writes anything (Python: a step pre-hook that raises).
+struct ThrowingASGD : torchext::optim::ASGD {
+  using ASGD::ASGD;
+  bool armed = true;
+  torch::Tensor step_with_amp(const torch::Tensor& g, const torch::Tensor& f,
+                              const torch::Tensor& c) override {
+    if (armed) {
+      armed = false;
+      TORCH_CHECK(false, "injected");
+    }
+    return ASGD::step_with_amp(g, f, c);
+  }
+};
+struct ThrowingSGD : torch::optim::SGD {
+  using SGD::SGD;
+  bool armed = true;
+  torch::Tensor step(LossClosure closure = nullptr) override {
+    if (armed) {
+      armed = false;
+      TORCH_CHECK(false, "injected");
+    }
+    return SGD::step(closure);
+  }
+};
+
+std::unique_ptr<torch::optim::Optimizer> edge_optimizer(const std::string& kind,
+                                                        const torch::Tensor& w, bool throwing) {
+  const std::vector<torch::Tensor> ps{w};
+  const auto asgd_options = torchext::optim::ASGDOptions(0.05).t0(2);
+  if (kind == "asgd") {
+    if (throwing) return std::make_unique<ThrowingASGD>(ps, asgd_options);
+    return std::make_unique<torchext::optim::ASGD>(ps, asgd_options);
+  }
+  if (throwing) return std::make_unique<ThrowingSGD>(ps, torch::optim::SGDOptions(0.05));
+  return std::make_unique<torch::optim::SGD>(ps, torch::optim::SGDOptions(0.05));
+}
+
+}  // namespace
+
+// The pending clip's rules against Python's torchext (make_reference.py
+// clip_edges_reference), bit for bit: the top scale (2^127, where scale /
+// coef overflows float32), second clips composing, a step that throws then a
+// retry, the scaler saved and loaded between clip and step; without a scaler,
+// a clip abandoned by zero_grad, an optimizer rebuilt from a save between
+// clip and step, second clips.
+TEST(GradScaler, ClipEdgesMatchPython) {
+  const auto ref = load_ref("clip_edges_ref.pt");
+  const auto w0 = R(ref, "w");
+  const auto x0 = torch::tensor({{1.0, 2.0, -1.0}, {0.5, -2.0, 3.0}, {-1.5, 1.0, 0.5},
+                                 {2.0, 0.0, -0.5}}, torch::kFloat);
+  const auto fresh_w = [&] { return w0.clone().requires_grad_(); };
+  for (const std::string kind : {"asgd", "sgd"}) {
+    SCOPED_TRACE(kind);
+    {
+      auto w = torch::ones({1, 3}).requires_grad_();
+      auto opt = edge_optimizer(kind, w, false);
+      GradScaler scaler(GradScalerOptions().init_scale(std::ldexp(1.0, 127)).growth_interval(
+          1000000));
+      std::vector<torch::Tensor> norms;
+      for (int i = 0; i < 4; ++i) {
+        opt->zero_grad();
+        scaler.scale(w.pow(2).sum() * 0.5).backward();
+        norms.push_back(scaler.clip_grad_norm_(*opt, 0.1));
+        scaler.step(*opt);
+        scaler.update();
+      }
+      EXPECT_TRUE(same_bits(w.detach(), R(ref, "top_" + kind + "/w")));
+      EXPECT_TRUE(same_bits(torch::stack(norms), R(ref, "top_" + kind + "/norms")));
+      EXPECT_LT(w[0][0].item<float>(), 0.99f);  // it trains
+    }
+    {
+      auto w = fresh_w();
+      auto opt = edge_optimizer(kind, w, false);
+      GradScaler scaler(GradScalerOptions().init_scale(1024));
+      scaler.scale(edge_loss(w, x0, 1)).backward();
+      std::vector<torch::Tensor> norms;
+      for (const double bound : {0.5, 0.05, 1.0}) {
+        norms.push_back(scaler.clip_grad_norm_(*opt, bound));
+      }
+      scaler.step(*opt);
+      scaler.update();
+      EXPECT_TRUE(same_bits(w.detach(), R(ref, "twice_scaler_" + kind + "/w")));
+      EXPECT_TRUE(same_bits(torch::stack(norms), R(ref, "twice_scaler_" + kind + "/norms")));
+    }
+    {
+      auto w = fresh_w();
+      auto opt = edge_optimizer(kind, w, true);
+      GradScaler scaler(GradScalerOptions().init_scale(1024));
+      scaler.scale(edge_loss(w, x0, 2)).backward();
+      scaler.clip_grad_norm_(*opt, 0.05);
+      EXPECT_THROW_MSG(scaler.step(*opt), "injected");
+      scaler.step(*opt);
+      scaler.update();
+      EXPECT_TRUE(same_bits(w.detach(), R(ref, "retry_" + kind + "/w")));
+    }
+    {
+      auto w = fresh_w();
+      auto opt = edge_optimizer(kind, w, false);
+      GradScaler scaler(GradScalerOptions().init_scale(1024));
+      scaler.scale(edge_loss(w, x0, 3)).backward();
+      scaler.clip_grad_norm_(*opt, 0.05);
+      scaler.load_state_dict(scaler.state_dict());
+      scaler.step(*opt);
+      scaler.update();
+      EXPECT_TRUE(same_bits(w.detach(), R(ref, "roundtrip_" + kind + "/w")));
+    }
+  }
+  {
+    auto w = fresh_w();
+    torchext::optim::ASGD opt({w}, torchext::optim::ASGDOptions(0.05).t0(2));
+    edge_loss(w, x0, 4).backward();
+    opt.clip_grad_norm_(0.01);  // ... and the loop skips this batch
+    opt.zero_grad();
+    edge_loss(w, x0, 5).backward();
+    opt.step();
+    EXPECT_TRUE(same_bits(w.detach(), R(ref, "abandoned/w")));
+  }
+  {
+    auto w = fresh_w();
+    auto opt = std::make_unique<torchext::optim::ASGD>(
+        std::vector<torch::Tensor>{w}, torchext::optim::ASGDOptions(0.05).t0(2));
+    edge_loss(w, x0, 6).backward();
+    opt->clip_grad_norm_(0.01);
+    std::stringstream saved;
+    torch::save(*opt, saved);  // applies the pending clip to the grads
+    opt = std::make_unique<torchext::optim::ASGD>(std::vector<torch::Tensor>{w},
+                                                  torchext::optim::ASGDOptions(0.05).t0(2));
+    torch::load(*opt, saved);
+    opt->step();
+    EXPECT_TRUE(same_bits(w.detach(), R(ref, "rebuilt/w")));
+  }
+  {
+    auto w = fresh_w();
+    torchext::optim::ASGD opt({w}, torchext::optim::ASGDOptions(0.05).t0(2));
+    edge_loss(w, x0, 7).backward();
+    std::vector<torch::Tensor> norms;
+    for (const double bound : {0.5, 0.05, 1.0}) norms.push_back(opt.clip_grad_norm_(bound));
+    opt.step();
+    EXPECT_TRUE(same_bits(w.detach(), R(ref, "twice_asgd/w")));
+    EXPECT_TRUE(same_bits(torch::stack(norms), R(ref, "twice_asgd/norms")));
+  }
+}
+
+// Gradients written in place after the clip measured them: the step refuses
+// the pending clip and changes nothing; zero_grad() drops it. Replaced
+// gradients (set_to_none) drop it silently: it has nothing to apply to.
+TEST(GradScaler, ClipOfChangedGradientsAppliesToNothingOrIsRefused) {
+  auto w = torch::ones({3}).requires_grad_();
+  torchext::optim::ASGD opt({w}, torchext::optim::ASGDOptions(0.1).lambd(0));
+  w.mutable_grad() = torch::full({3}, 4.0);
+  opt.clip_grad_norm_(0.01);
+  w.mutable_grad().add_(1.0);  // a backward that accumulated
+  EXPECT_THROW_MSG(opt.step(), "written in place");
+  EXPECT_TRUE(torch::equal(w, torch::ones({3})));
+  opt.zero_grad();  // drops it
+  w.mutable_grad() = torch::full({3}, 4.0);
+  opt.step();  // unclipped: 1 - 0.1 * 4
+  EXPECT_TRUE(close(w, torch::full({3}, 0.6f), 1e-6));
+  opt.clip_grad_norm_(0.01);
+  w.mutable_grad() = torch::full({3}, 1.0);  // replaced: the clip applies to nothing
+  opt.step();
+  EXPECT_TRUE(close(w, torch::full({3}, 0.5f), 1e-6));
+  // Through a scaler: the same rule; update() drops the record.
+  GradScaler scaler(GradScalerOptions().init_scale(4));
+  scaler.scale(w.sum()).backward();
+  scaler.clip_grad_norm_(opt, 0.01);
+  w.mutable_grad().mul_(2.0);
+  EXPECT_THROW_MSG(scaler.step(opt), "written in place");
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 4.0);  // no overflow recorded: (growth interval not reached)
+}
+
+// fp16 gradients, Python's rule: refused by unscale_(), clip_grad_norm_() and
+// the step of an optimizer torch would unscale first (ASGD without
+// capturable), unless allow_fp16; stepped by one that skips on the device.
+TEST(GradScaler, Fp16GradientsFollowPythonsRule) {
+  for (const bool capturable : {false, true}) {
+    for (const bool allow : {false, true}) {
+      SCOPED_TRACE(std::string(capturable ? "capturable" : "plain") + (allow ? ", allow" : ""));
+      auto w = torch::ones({4}, torch::kHalf).requires_grad_();
+      torchext::optim::ASGD opt({w}, torchext::optim::ASGDOptions(0.1).capturable(capturable));
+      GradScaler scaler(GradScalerOptions().init_scale(8).allow_fp16(allow));
+      scaler.scale(w.to(torch::kFloat).pow(2).sum()).backward();
+      if (!allow) {
+        EXPECT_THROW_MSG(scaler.clip_grad_norm_(opt, 1.0), "Attempting to unscale FP16");
+        EXPECT_THROW_MSG(scaler.unscale_(opt), "Attempting to unscale FP16");
+      }
+      if (allow || capturable) {
+        scaler.step(opt);
+        EXPECT_TRUE((w < 1).all().item<bool>());
+      } else {
+        EXPECT_THROW_MSG(scaler.step(opt), "Attempting to unscale FP16");
+        EXPECT_TRUE((w == 1).all().item<bool>());
+      }
+    }
+  }
+}
+
+// An optimizer with no gradient: a no-op step for one that skips on the
+// device (torch's fused optimizers' answer), an error for any other (torch's
+// plain ones': no inf checks were recorded).
+TEST(GradScaler, AnOptimizerWithoutGradientsStepsAsTorch) {
+  auto used = torch::ones({2}).requires_grad_();
+  for (const bool capturable : {false, true}) {
+    SCOPED_TRACE(capturable ? "capturable" : "plain");
+    auto unused = torch::ones({2}).requires_grad_();
+    torchext::optim::ASGD opt({unused}, torchext::optim::ASGDOptions(0.1).capturable(capturable));
+    torch::optim::SGD main({used}, torch::optim::SGDOptions(0.1));
+    GradScaler scaler(GradScalerOptions().init_scale(4));
+    scaler.scale(used.pow(2).sum()).backward();
+    if (capturable) {
+      scaler.step(opt);
+      EXPECT_TRUE(torch::equal(unused, torch::ones({2})));
+    } else {
+      EXPECT_THROW_MSG(scaler.step(opt), "no inf checks were recorded");
+    }
+    scaler.step(main);
+    scaler.update();
+    used.mutable_grad() = torch::Tensor();
+  }
 }
 
 // The drop-in torchext::nn::utils::clip_grad_norm_ against LibTorch's own:
