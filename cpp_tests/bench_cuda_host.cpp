@@ -15,12 +15,14 @@
 // layout, as eager CUDA launches use it); the plan minus the checks is the
 // pointer reading, grouping and metadata. Then the kernel launches one step
 // makes at each shape, in both parameter layouts: eager (32 KB, CUDA 13
-// builds) and captured into a CUDA graph (the classic 4 KB). Timing is
+// builds) and captured into a CUDA graph (the classic 4 KB), and those of
+// tensor_norms over the same grads (the clip's read). Timing is
 // information, not a test: ctest runs it with --quick only to keep it built
 // and working.
 #include "../csrc/ops/asgd.h"
 #include "../csrc/ops/cuda/kernels/amp_kernels.h"
 #include "../csrc/ops/cuda/kernels/asgd_kernels.h"
+#include "../csrc/ops/cuda/kernels/norms_kernels.h"
 
 #include <ATen/ATen.h>
 #include <torch/torch.h>
@@ -52,6 +54,7 @@ struct NoLaunchExecutor {
   }
   bool kernel_reads(const at::Tensor&) const { return true; }
   at::Tensor pointer_table(int64_t count) const { return at::empty({count}, at::kLong); }
+  at::Tensor scratch(int64_t bytes) const { return at::empty({bytes}, at::kByte); }
   template <typename Body, typename... Args>
   void launch(unsigned blocks, unsigned, const Args&... args) {
     ++launches;
@@ -149,27 +152,34 @@ void run(int64_t n, int64_t numel, bool packed, int reps) {
               (args_us + plan) * per);
 }
 
-// Kernel launches of one asgd_ step (update launches + 1 schedule) and of
-// one unscale_ over the same grads, in `layout`.
-std::pair<int64_t, int64_t> launches_per_step(const Lists& l, bool packed, k::ParamLayout layout) {
-  NoLaunchExecutor step, unscale;
-  step.layout = unscale.layout = layout;
+struct StepLaunches {
+  int64_t step, unscale, norms;
+};
+
+// Kernel launches of one asgd_ step (update launches + 1 schedule), of one
+// unscale_ over the same grads, and of one tensor_norms over them (chunk
+// launches + 1 combine), in `layout`.
+StepLaunches launches_per_step(const Lists& l, bool packed, k::ParamLayout layout) {
+  NoLaunchExecutor step, unscale, norms;
+  step.layout = unscale.layout = norms.layout = layout;
   k::asgd_launch(ListArgs(l).args(l, packed), step);
   const at::Tensor found = at::zeros({}), inv = at::ones({});
   k::unscale_launch(l.g, found, inv, std::nullopt, unscale);
-  return {step.launches, unscale.launches};
+  k::tensor_norms_launch(l.g, 2.0, inv, found, norms);
+  return {step.launches, unscale.launches, norms.launches};
 }
 
 void print_launches(int64_t n, int64_t numel) {
   for (const bool packed : {true, false}) {
     const Lists l = make_lists(n, numel, packed, /*values=*/false);
-    const auto eager = launches_per_step(l, packed, k::ParamLayout::kLarge);
-    const auto graph = launches_per_step(l, packed, k::ParamLayout::kClassic);
-    std::printf("| %6lld x %-8lld | %-6s | %12lld | %12lld | %12lld | %12lld |\n",
+    const StepLaunches eager = launches_per_step(l, packed, k::ParamLayout::kLarge);
+    const StepLaunches graph = launches_per_step(l, packed, k::ParamLayout::kClassic);
+    std::printf("| %6lld x %-8lld | %-6s | %12lld | %12lld | %12lld | %12lld | %12lld | %12lld |\n",
                 static_cast<long long>(n), static_cast<long long>(numel),
-                packed ? "packed" : "lists", static_cast<long long>(eager.first),
-                static_cast<long long>(graph.first), static_cast<long long>(eager.second),
-                static_cast<long long>(graph.second));
+                packed ? "packed" : "lists", static_cast<long long>(eager.step),
+                static_cast<long long>(graph.step), static_cast<long long>(eager.unscale),
+                static_cast<long long>(graph.unscale), static_cast<long long>(eager.norms),
+                static_cast<long long>(graph.norms));
   }
 }
 
@@ -189,11 +199,11 @@ int main(int argc, char** argv) {
   for (const auto& [n, numel] : shapes) {
     for (const bool packed : {true, false}) run(n, numel, packed, reps);
   }
-  std::printf("\nKernel launches per step: asgd_ (update launches + 1 schedule) and unscale_\n"
-              "over its grads; eager = 32 KB parameters (CUDA 13 builds), graph = 4 KB (while\n"
-              "the stream captures a CUDA graph)\n");
-  std::printf("| tensors x numel   | state  | asgd_ eager  | asgd_ graph  | unscale_ eag | unscale_ gr  |\n");
-  std::printf("|-------------------|--------|--------------|--------------|--------------|--------------|\n");
+  std::printf("\nKernel launches per step: asgd_ (update launches + 1 schedule), unscale_ and\n"
+              "tensor_norms (chunk launches + 1 combine) over its grads; eager = 32 KB\n"
+              "parameters (CUDA 13 builds), graph = 4 KB (while the stream captures a CUDA graph)\n");
+  std::printf("| tensors x numel   | state  | asgd_ eager  | asgd_ graph  | unscale_ eag | unscale_ gr  | norms eager  | norms graph  |\n");
+  std::printf("|-------------------|--------|--------------|--------------|--------------|--------------|--------------|--------------|\n");
   const std::vector<std::pair<int64_t, int64_t>> launch_shapes =
       quick ? std::vector<std::pair<int64_t, int64_t>>{{100, 10}}
             : std::vector<std::pair<int64_t, int64_t>>{

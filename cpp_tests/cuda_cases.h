@@ -573,3 +573,240 @@ SwapCase random_swap_case(uint64_t seed, int64_t npairs, int64_t max_numel) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------
+// tensor_norms
+
+namespace {
+
+const double kInf = std::numeric_limits<double>::infinity();
+// Every kind of order: 0, 1, 2, inf, -inf and other p (fractional, negative).
+const double kNormOrders[] = {0, 1, 2, kInf, -kInf, 3, 0.5, -1, -2.5};
+
+// Where a planted value goes: element 0 of the first, middle or last chunk,
+// or a random element of it, or the tensor's last element (in a load's
+// partial lanes when the tensor's size is not a multiple of 4).
+enum class Spot { kFirstChunk, kMiddleChunk, kLastChunk, kLastElement };
+
+struct NormsCase {
+  std::string name;
+  std::vector<EntrySpec> entries;  // offset[0] and layout[0] are used
+  std::vector<double> ords = std::vector<double>(std::begin(kNormOrders), std::end(kNormOrders));
+  std::vector<std::tuple<size_t, Spot, double>> plants;  // (entry, where, value)
+  std::optional<float> inv_scale;
+  std::optional<float> found_inf;  // passed, with this value, when set
+  double scale = 1.0;              // the tensors' values times this (scaled grads)
+  uint64_t seed = 0;
+};
+
+std::vector<at::Tensor> make_norms_tensors(const NormsCase& c, Arena& arena, int64_t chunk) {
+  std::mt19937_64 rng(c.seed);
+  std::vector<at::Tensor> ts;
+  for (const auto& e : c.entries) {
+    at::Tensor t = arena.make(e.numel, e.dtype, e.offset[0], e.layout[0], rng);
+    if (c.scale != 1.0) t.mul_(c.scale);
+    ts.push_back(t);
+  }
+  for (const auto& [i, spot, value] : c.plants) {
+    const at::Tensor& t = ts[i];
+    if (t.numel() == 0) continue;
+    const int64_t nchunks = (t.numel() + chunk - 1) / chunk;
+    int64_t k = t.numel() - 1;
+    if (spot != Spot::kLastElement) {
+      const int64_t ch = spot == Spot::kFirstChunk ? 0 : spot == Spot::kMiddleChunk ? nchunks / 2
+                                                                                    : nchunks - 1;
+      k = std::min(t.numel() - 1, ch * chunk + static_cast<int64_t>(rng() % chunk));
+    }
+    // Complex: the real part (the imaginary part stays finite).
+    at::Tensor e = element_view(t, k);
+    if (e.is_complex()) e = at::real(e);
+    e.fill_(value);
+  }
+  return ts;
+}
+
+// The tensors an order may take: the -inf, inf and negative norms of an
+// empty tensor are refused (torch.linalg.vector_norm's rule).
+std::vector<at::Tensor> norms_list(const std::vector<at::Tensor>& ts, double ord) {
+  std::vector<at::Tensor> out;
+  for (const auto& t : ts) {
+    if (t.numel() > 0 || (ord >= 0 && !std::isinf(ord))) out.push_back(t);
+  }
+  return out;
+}
+
+// The reference: the CPU kernel through the dispatcher.
+at::Tensor norms_reference(const std::vector<at::Tensor>& ts, double ord,
+                           const std::optional<at::Tensor>& inv,
+                           const std::optional<at::Tensor>& found) {
+  static const auto op = c10::Dispatcher::singleton()
+      .findSchemaOrThrow("torchext::tensor_norms", "")
+      .typed<at::Tensor(at::TensorList, double, const std::optional<at::Tensor>&,
+                        const std::optional<at::Tensor>&)>();
+  return op.call(ts, ord, inv, found);
+}
+
+// How far an accelerator's norm may be from the CPU kernel's, relative to it.
+// Max (inf), min (-inf) and count (0) do not depend on the order of the
+// elements: the same bits. The 1- and 2-norms of float32/fp16/bf16 tensors
+// are summed in float32 chains, then in double, on both sides: a chain of m
+// terms (all >= 0) is within (m - 1) * 2^-24 of its exact sum, the double
+// stages add ~1e-13, and chains hold at most 128 terms here (a 64K chunk
+// over 512 threads; the host runner's shapes: 8) and 64 on the CPU (1024-
+// element blocks over at least 16 float lanes), so the sums differ by less
+// than (127 + 63) * 2^-24 < 2^-16 relative; a square root halves that. All
+// else (float64, complex pairs, 0 and other p) is summed in double on both
+// sides, chains of at most 65,536 terms (the CPU's scalar loop): 2 * 65536 *
+// 2^-53 < 2e-11, times |1/p| <= 2 for the root: 1e-10. Then each side rounds
+// to the tensor's dtype: one unit in its last place more.
+double norms_rtol(double ord, const at::Tensor& t) {
+  const bool float_chains = (ord == 1 || ord == 2) && !t.is_complex() &&
+                            t.scalar_type() != at::kDouble;
+  return float_chains ? std::ldexp(1.0, -16) : 1e-10;
+}
+bool norms_exact(double ord) { return ord == 0 || std::isinf(ord); }
+
+// What close_norms saw: norms compared, how many differed at all, and the
+// largest difference as a fraction of its tolerance.
+struct NormsStats {
+  int64_t compared = 0, differed = 0;
+  double worst = 0;
+};
+NormsStats& norms_stats() {
+  static NormsStats s;
+  return s;
+}
+
+// The spacing of `dtype`'s values at x (its subnormals' below the normal range).
+double ulp_of(at::ScalarType dtype, double x) {
+  int digits, min_exp;  // precision in bits, exponent of the smallest normal (frexp's)
+  switch (dtype) {
+    case at::kHalf: digits = 11; min_exp = -13; break;
+    case at::kBFloat16: digits = 8; min_exp = -125; break;
+    case at::kFloat: digits = 24; min_exp = -125; break;
+    default: digits = 53; min_exp = -1021; break;
+  }
+  int e = min_exp;
+  if (x != 0) std::frexp(x, &e);
+  return std::ldexp(1.0, std::max(e, min_exp) - digits);
+}
+
+// got (an accelerator's norms) against want (the CPU kernel's), element i
+// being tensors[i]'s: equal bits where norms_exact, else within norms_rtol
+// plus one ulp of the tensor's dtype; NaN where NaN, inf where inf.
+::testing::AssertionResult close_norms(const at::Tensor& got, const at::Tensor& want,
+                                       const std::vector<at::Tensor>& ts, double ord) {
+  if (got.sizes() != want.sizes() || got.scalar_type() != want.scalar_type()) {
+    return ::testing::AssertionFailure() << "norms: shape/dtype " << got.sizes() << " "
+                                         << got.scalar_type() << " vs " << want.sizes() << " "
+                                         << want.scalar_type();
+  }
+  if (norms_exact(ord)) return same_bits(got, want, "norms (exact order)");
+  const at::Tensor g = got.cpu().to(at::kDouble), w = want.cpu().to(at::kDouble);
+  const double* gp = g.const_data_ptr<double>();
+  const double* wp = w.const_data_ptr<double>();
+  NormsStats& stats = norms_stats();
+  for (int64_t i = 0; i < g.numel(); ++i) {
+    const double a = gp[i], b = wp[i];
+    ++stats.compared;
+    if (std::isnan(a) && std::isnan(b)) continue;
+    if (a == b) continue;  // inf too
+    ++stats.differed;
+    const at::ScalarType dt = c10::toRealValueType(ts[i].scalar_type());
+    const double tol = norms_rtol(ord, ts[i]) * std::fabs(b) + ulp_of(dt, b);
+    if (std::isfinite(a) && std::isfinite(b)) stats.worst = std::max(stats.worst, std::fabs(a - b) / tol);
+    if (std::isfinite(a) && std::isfinite(b) && std::fabs(a - b) <= tol) continue;
+    return ::testing::AssertionFailure()
+           << "norms[" << i << "] (" << ts[i].scalar_type() << ", " << ts[i].numel()
+           << " elements): got " << a << ", want " << b << " (tolerance " << tol << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// A list with every dtype (complex64 and complex128 as (re, im) pairs),
+// empty and 1-element tensors, odd sizes, unaligned slices and layouts that
+// need temporaries, and one big contiguous float32 tensor of several chunks
+// (the last entry) to plant into; with every inv_scale/found_inf option,
+// with inf/NaN in its first, middle and last chunk and its last element,
+// and in a random other tensor.
+std::vector<NormsCase> norms_cases(uint64_t seed, int64_t nentries, int64_t max_numel) {
+  std::mt19937_64 rng(seed);
+  std::vector<EntrySpec> entries;
+  const EntrySpec one{1, at::kHalf, {1, 0, 0},
+                      {Layout::kContiguous, Layout::kContiguous, Layout::kContiguous}};
+  entries.push_back(one);
+  for (int64_t i = 0; i < nentries; ++i) entries.push_back(random_entry(rng, max_numel));
+  entries.push_back({0, at::kFloat, {0, 0, 0},
+                     {Layout::kContiguous, Layout::kContiguous, Layout::kContiguous}});
+  entries.push_back({7 * max_numel + 5, at::kFloat, {1, 0, 0},
+                     {Layout::kContiguous, Layout::kContiguous, Layout::kContiguous}});
+  const size_t big = entries.size() - 1;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  struct Option {
+    const char* name;
+    std::optional<float> inv, found;
+    double scale;
+  };
+  const Option options[] = {
+      {"plain", std::nullopt, std::nullopt, 1.0},
+      {"inv_scale 1/1024 + found_inf", 1.f / 1024, 0.f, 1024.0},
+      {"inv_scale 1/3", 1.f / 3, std::nullopt, 3.0},
+      {"found_inf", std::nullopt, 0.f, 1.0},
+      {"found_inf already 1", 1.f / 64, 1.f, 64.0},
+  };
+  std::vector<NormsCase> cases;
+  for (const Option& o : options) {
+    NormsCase base;
+    base.entries = entries;
+    base.inv_scale = o.inv;
+    base.found_inf = o.found;
+    base.scale = o.scale;
+    base.seed = seed;
+    NormsCase c = base;
+    c.name = std::string(o.name) + ", all finite";
+    cases.push_back(c);
+    int k = 0;
+    for (Spot spot : {Spot::kFirstChunk, Spot::kMiddleChunk, Spot::kLastChunk,
+                      Spot::kLastElement}) {
+      c = base;
+      const double v = k % 3 == 0 ? kInf : k % 3 == 1 ? nan : -kInf;
+      c.name = std::string(o.name) + ", " + std::to_string(v) + " in the big tensor's " +
+               (spot == Spot::kFirstChunk    ? "first chunk"
+                : spot == Spot::kMiddleChunk ? "middle chunk"
+                : spot == Spot::kLastChunk   ? "last chunk"
+                                             : "last element");
+      c.plants = {{big, spot, v}};
+      c.seed = seed + 11 * ++k;
+      cases.push_back(c);
+    }
+    c = base;
+    const size_t other = 1 + rng() % nentries;
+    c.name = std::string(o.name) + ", inf in tensors[" + std::to_string(other) + "]'s last element";
+    c.plants = {{other, Spot::kLastElement, kInf}};
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+// fp16 tensors whose unscaled values mostly fall below half fp16's smallest
+// subnormal (|x| <= 2 with inv_scale 2^-26): unscale_ stores zeros there,
+// so those elements add nothing to the norms and do not count in the
+// 0-norm, however small x * inv_scale is in float32 (float32 tensors beside
+// them: nothing underflows).
+NormsCase norms_underflow_case() {
+  NormsCase c;
+  c.name = "unscaled values underflow the dtype";
+  c.seed = 61;
+  c.ords = {0, 1, 2, 3, 0.5};
+  c.inv_scale = std::ldexp(1.f, -26);  // fp16: |x| <= 2 -> 0
+  c.found_inf = 0.f;
+  for (at::ScalarType dt : {at::kHalf, at::kHalf, at::kFloat}) {
+    for (int64_t numel : {1000, 37, 4}) {
+      c.entries.push_back({numel, dt, {0, 0, 0},
+                           {Layout::kContiguous, Layout::kContiguous, Layout::kContiguous}});
+    }
+  }
+  return c;
+}
+
+}  // namespace

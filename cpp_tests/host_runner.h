@@ -1,9 +1,12 @@
-// The host runner: an executor for the launch plans of asgd_kernels.h, amp_kernels.h and
-// swap_kernels.h (csrc/ops/cuda/kernels/) that runs every launch on the CPU, calling the kernel body for
+// The host runner: an executor for the launch plans of asgd_kernels.h, amp_kernels.h,
+// swap_kernels.h and norms_kernels.h (csrc/ops/cuda/kernels/) that runs every launch on the CPU, calling the kernel body for
 // every block and every thread the launch has, with host memory standing in
 // for device memory. It needs no CUDA toolkit. CUDA guarantees no order
 // among blocks (nor among the threads of a block), so the runner takes one:
-// forward, reverse, or shuffled. The tests (test_cuda_on_host.cpp) compare
+// forward, reverse, or shuffled. A phased body (a block-wide reduction) runs
+// block by block, phase by phase: every thread's phase k (in that order)
+// before any thread's phase k + 1, as __syncthreads() orders them, its
+// shared memory filled with 0xFF bytes (NaN) first. The tests (test_cuda_on_host.cpp) compare
 // its results bit for bit with the CPU kernels. It lives with its tests: no
 // shipped file needs it.
 //
@@ -11,17 +14,22 @@
 // entry building and dtype grouping, every body's indexing, vector/scalar
 // paths, loads and stores, dtype dispatch, the launch sequence, and that
 // every launch's parameters fit the layout's budget (4 KB for the classic
-// layout the CUDA executor uses under graph capture). What it cannot: the device memory model and races, streams, graph capture,
-// occupancy and speed, and device math libraries (pow in the schedule).
+// layout the CUDA executor uses under graph capture), and a phased body's
+// use of its shared memory across barriers. What it cannot: the device
+// memory model and races, streams, graph capture, occupancy and speed, and
+// device math libraries (pow in the schedule, pow and hypot in
+// tensor_norms).
 #pragma once
 
 #include "../csrc/ops/cuda/kernels/multi_tensor_apply.h"
+#include "../csrc/ops/cuda/kernels/norms_kernels.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <numeric>
 #include <random>
@@ -34,14 +42,76 @@ namespace kernels {
 
 enum class BlockOrder { kForward, kReverse, kShuffled };
 
-// Planner mistakes the runner plants on purpose, by editing a launch's
-// metadata before running it, so that its tests can show that their
-// comparisons catch them. The shipped planner and the CUDA executor know
+// Mistakes the runner plants on purpose, so that its tests can show that
+// their comparisons catch them. Planner mistakes: the runner edits a
+// launch's metadata before running it. Mistakes in tensor_norms' per-element
+// math: the runner runs the same body with another NormFold (its template
+// parameter, the elements' check, unscale and fold), one of the planted
+// folds below. The shipped planner, bodies and the CUDA executor know
 // nothing of them.
 enum class PlantedBug {
   kNone,
   kContinuationSkipsChunk,  // a tensor continued in the next launch loses a chunk
   kWrongSlot,               // the last tensor slot of a full launch points at the one before
+  kDroppedPartial,          // a launch's last block never runs, unless it is a chunk 0
+                            //   (tensor_norms: its partial is never written)
+  kUnscaleNotRounded,       // tensor_norms folds x * inv_scale unrounded, not as unscale_ stores it
+  kTailCheckSkipped,        // tensor_norms skips the inf/NaN check in a load's partial lanes
+};
+
+namespace planted {
+
+// x * inv_scale folded as computed in opmath, not rounded to the tensor's
+// dtype (what a kernel multiplying after the cast, or by the norm, folds).
+template <math::NormKind K, typename E>
+struct UnroundedFold : NormFold<K, E> {
+  using Base = NormFold<K, E>;
+  using typename Base::acc_t;
+  using typename Base::opmath_t;
+  void operator()(const E (&lanes)[kILP], int valid, acc_t& acc, bool& bad, bool scale,
+                  opmath_t inv, double p) const {
+    if constexpr (Base::kPairs) {
+      Base{}(lanes, valid, acc, bad, scale, inv, p);
+    } else {
+      for (int ii = 0; ii < valid; ++ii) {
+        opmath_t v = static_cast<opmath_t>(lanes[ii]);
+        bad = bad || math::non_finite(v);
+        if (scale) v = math::mul(v, inv);
+        acc = math::norm_fold<acc_t>(K, acc, static_cast<acc_t>(magnitude_of(v)), p);
+      }
+    }
+  }
+};
+
+// The check skipped where a load has fewer than kILP elements (the scalar
+// loop's last lanes of a chunk, the tail after the vector loop).
+template <math::NormKind K, typename E>
+struct TailUncheckedFold : NormFold<K, E> {
+  using Base = NormFold<K, E>;
+  using typename Base::acc_t;
+  using typename Base::opmath_t;
+  void operator()(const E (&lanes)[kILP], int valid, acc_t& acc, bool& bad, bool scale,
+                  opmath_t inv, double p) const {
+    bool unseen = false;
+    Base{}(lanes, valid, acc, valid < kILP ? unseen : bad, scale, inv, p);
+  }
+};
+
+}  // namespace planted
+
+// The body the runner runs for Body under a planted bug: Body itself, or
+// tensor_norms' chunk body with a planted fold.
+template <PlantedBug Bug, typename Body>
+struct PlantedBody {
+  using type = Body;
+};
+template <math::NormKind K, typename E, typename Meta>
+struct PlantedBody<PlantedBug::kUnscaleNotRounded, NormChunkBody<K, E, Meta, NormFold<K, E>>> {
+  using type = NormChunkBody<K, E, Meta, planted::UnroundedFold<K, E>>;
+};
+template <math::NormKind K, typename E, typename Meta>
+struct PlantedBody<PlantedBug::kTailCheckSkipped, NormChunkBody<K, E, Meta, NormFold<K, E>>> {
+  using type = NormChunkBody<K, E, Meta, planted::TailUncheckedFold<K, E>>;
 };
 
 struct RunCounts {
@@ -58,6 +128,10 @@ class HostRunner {
     // Treat a CPU lr tensor as device memory (the schedule kernel then loads
     // it through its pointer, as for a CUDA lr tensor).
     bool lr_in_device_memory = false;
+    // The byte scratch() fills its memory with: 0xFF (NaN doubles, -1
+    // integers) stands for uninitialized device memory, which a plan must
+    // never read before a kernel wrote it.
+    uint8_t scratch_fill = 0xFF;
   };
 
   HostRunner() = default;
@@ -76,6 +150,12 @@ class HostRunner {
   at::Tensor pointer_table(int64_t count) {
     at::Tensor t = at::empty({count}, at::kLong);
     std::fill_n(static_cast<void**>(t.data_ptr()), count, static_cast<void*>(sink_));
+    return t;
+  }
+  // Scratch of `bytes` bytes (the real one is uninitialized device memory).
+  at::Tensor scratch(int64_t bytes) {
+    at::Tensor t = at::empty({bytes}, at::kByte);
+    if (bytes > 0) std::memset(t.data_ptr(), opt_.scratch_fill, static_cast<size_t>(bytes));
     return t;
   }
   template <typename Body, typename... Args>
@@ -105,13 +185,29 @@ class HostRunner {
     } else if (opt_.order == BlockOrder::kShuffled) {
       std::shuffle(block_ids.begin(), block_ids.end(), rng_);
     }
-    const Body body{};
+    using Run = typename PlantedBody<Bug, Body>::type;
+    const Run body{};
     for (const unsigned b : block_ids) {
-      if (opt_.order == BlockOrder::kShuffled) {
-        std::shuffle(thread_ids.begin(), thread_ids.end(), rng_);
-      }
-      for (const unsigned t : thread_ids) {
-        std::apply([&](const auto&... a) { body(ThreadCtx{b, t, threads}, a...); }, params);
+      if constexpr (is_phased_body<Run>::value) {
+        typename Run::Shared shared;
+        std::memset(static_cast<void*>(&shared), 0xFF, sizeof(shared));
+        for (int phase = 0; phase < Run::phases(threads); ++phase) {
+          if (opt_.order == BlockOrder::kShuffled) {
+            std::shuffle(thread_ids.begin(), thread_ids.end(), rng_);
+          }
+          for (const unsigned t : thread_ids) {
+            std::apply(
+                [&](const auto&... a) { body(ThreadCtx{b, t, threads}, phase, shared, a...); },
+                params);
+          }
+        }
+      } else {
+        if (opt_.order == BlockOrder::kShuffled) {
+          std::shuffle(thread_ids.begin(), thread_ids.end(), rng_);
+        }
+        for (const unsigned t : thread_ids) {
+          std::apply([&](const auto&... a) { body(ThreadCtx{b, t, threads}, a...); }, params);
+        }
       }
     }
     RunCounts& c = counts_[op_ + Body::kName];
@@ -145,6 +241,8 @@ class HostRunner {
           meta.block_tensor[b] = static_cast<slot_t>(max_tensors - 2);
         }
       }
+    } else if constexpr (Bug == PlantedBug::kDroppedPartial) {
+      if (nblocks > 0 && meta.block_chunk[nblocks - 1] != 0) --nblocks;
     } else if constexpr (Bug == PlantedBug::kContinuationSkipsChunk) {
       if (nblocks == 0 || meta.block_chunk[0] == 0) return;  // not a continuation
       // Its first chunk is lost: the blocks after it move down one.

@@ -10,6 +10,7 @@
 // test_cuda_on_device.cpp (ctest cuda_on_device: the real CUDA kernels).
 #include "../csrc/ops/cuda/kernels/amp_kernels.h"
 #include "../csrc/ops/cuda/kernels/asgd_kernels.h"
+#include "../csrc/ops/cuda/kernels/norms_kernels.h"
 #include "../csrc/ops/cuda/kernels/swap_kernels.h"
 #include "cuda_cases.h"
 #include "host_runner.h"
@@ -81,6 +82,12 @@ class SummaryPrinter : public ::testing::Environment {
            << c.elements << " elements;";
     }
     std::printf("%s\n", line.str().c_str());
+    const NormsStats& n = norms_stats();
+    if (n.compared > 0) {
+      std::printf("tensor_norms vs the CPU kernel (inexact orders): %lld norms compared, %lld "
+                  "not bit for bit, the largest difference %.3f of its tolerance\n",
+                  static_cast<long long>(n.compared), static_cast<long long>(n.differed), n.worst);
+    }
   }
 };
 const auto* const kSummary = ::testing::AddGlobalTestEnvironment(new SummaryPrinter);
@@ -549,6 +556,7 @@ struct CountingExecutor {
   const LaunchLimits& limits() const { return lim; }
   bool kernel_reads(const at::Tensor&) const { return true; }
   at::Tensor pointer_table(int64_t count) const { return at::empty({count}, at::kLong); }
+  at::Tensor scratch(int64_t bytes) const { return at::empty({bytes}, at::kByte); }
   template <typename Body, typename... Args>
   void launch(unsigned, unsigned, const Args&...) {
     ++launches[Body::kName];
@@ -787,6 +795,256 @@ TEST(CudaOnHost, Swap) {
 }
 
 // ---------------------------------------------------------------------------
+// tensor_norms
+
+template <PlantedBug Bug = PlantedBug::kNone>
+HostRunner<Bug> make_norms_runner(const Shape& s, BlockOrder o, uint64_t seed,
+                                  uint8_t scratch_fill = 0xFF) {
+  typename HostRunner<Bug>::Options opt;
+  opt.limits = s.limits;
+  opt.order = o;
+  opt.seed = seed;
+  opt.scratch_fill = scratch_fill;
+  return HostRunner<Bug>(opt);
+}
+
+std::optional<at::Tensor> scalar_or_none(const std::optional<float>& v) {
+  return v ? std::optional<at::Tensor>(at::full({}, *v, at::kFloat)) : std::nullopt;
+}
+
+// Runs case c on the host runner, order by order, against the CPU kernel:
+// the norms within close_norms' tolerance, found_inf bit for bit, and
+// nothing written but found_inf.
+template <PlantedBug Bug = PlantedBug::kNone>
+::testing::AssertionResult check_norms_case(const NormsCase& c, const Shape& shape,
+                                            BlockOrder order, bool count = true,
+                                            uint8_t scratch_fill = 0xFF) {
+  Arena arena;
+  const int64_t chunk = shape.limits.chunk_size > 0 ? shape.limits.chunk_size
+                                                    : torchext::kernels::kChunkSize;
+  const std::vector<at::Tensor> all = make_norms_tensors(c, arena, chunk);
+  const std::vector<at::Tensor> before = clones(all);
+  for (const double ord : c.ords) {
+    const std::vector<at::Tensor> ts = norms_list(all, ord);
+    const std::optional<at::Tensor> inv = scalar_or_none(c.inv_scale);
+    const std::optional<at::Tensor> found_host = scalar_or_none(c.found_inf);
+    const std::optional<at::Tensor> found_ref = scalar_or_none(c.found_inf);
+    auto runner = make_norms_runner<Bug>(shape, order, c.seed + 5, scratch_fill);
+    runner.set_op("tensor_norms: ");
+    const at::Tensor got = torchext::kernels::tensor_norms_launch(ts, ord, inv, found_host, runner);
+    if (count) add_counts(runner);
+    const at::Tensor want = norms_reference(ts, ord, inv, found_ref);
+    const std::string where = c.name + ", ord " + std::to_string(ord) + ", " + shape.name +
+                              " shape, " + order_name(order) + ": ";
+    if (auto r = arena.guards_intact(); !r) return ::testing::AssertionFailure() << where << r.message();
+    for (size_t i = 0; i < all.size(); ++i) {
+      if (auto r = same_bits(all[i], before[i], "tensors[" + std::to_string(i) + "]"); !r) {
+        return ::testing::AssertionFailure() << where << "written: " << r.message();
+      }
+    }
+    if (found_host) {
+      if (auto r = same_bits(*found_host, *found_ref, "found_inf"); !r) {
+        return ::testing::AssertionFailure() << where << r.message();
+      }
+    }
+    if (auto r = close_norms(got, want, ts, ord); !r) {
+      return ::testing::AssertionFailure() << where << "vs CPU kernel: " << r.message();
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST(CudaOnHost, NormsEveryOrderAndOption) {
+  int checked = 0;
+  for (const Shape* shape : kSmallShapes) {
+    for (uint64_t seed : {71, 72}) {
+      for (const auto& c : norms_cases(seed, 16, 120)) {
+        for (BlockOrder o : kOrders) {
+          EXPECT_TRUE(check_norms_case(c, *shape, o));
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(checked, 4 * 2 * 30 * 3);
+}
+
+// Sizes around the vector width and the chunk, on every alignment, in each
+// real dtype and complex64: the vector loop, its tail and the scalar loop.
+TEST(CudaOnHost, NormsAlignmentsAndTails) {
+  for (at::ScalarType dt : {at::kFloat, at::kHalf, at::kBFloat16, at::kDouble,
+                            at::kComplexFloat}) {
+    NormsCase c;
+    c.name = std::string("alignments ") + c10::toString(dt);
+    c.seed = 73;
+    c.inv_scale = 0.25f;
+    c.found_inf = 0.f;
+    for (int64_t numel : {1, 3, 4, 5, 15, 16, 17, 33, 63, 64, 65, 127}) {
+      for (int64_t off = 0; off < 4; ++off) {
+        c.entries.push_back({numel, dt, {off, 0, 0},
+                             {Layout::kContiguous, Layout::kContiguous, Layout::kContiguous}});
+      }
+    }
+    for (const Shape* s : kSmallShapes) EXPECT_TRUE(check_norms_case(c, *s, BlockOrder::kShuffled));
+    // inf in each tensor's last element: found_inf must see it wherever it falls.
+    for (size_t i = 0; i < c.entries.size(); ++i) c.plants.push_back({i, Spot::kLastElement, kInf});
+    c.name += ", inf last";
+    for (const Shape* s : kSmallShapes) EXPECT_TRUE(check_norms_case(c, *s, BlockOrder::kReverse));
+  }
+}
+
+TEST(CudaOnHost, NormsUnscaledUnderflow) {
+  const NormsCase c = norms_underflow_case();
+  for (const Shape* s : kSmallShapes) EXPECT_TRUE(check_norms_case(c, *s, BlockOrder::kForward));
+  EXPECT_TRUE(check_norms_case(c, kProduction, BlockOrder::kShuffled));
+}
+
+// The production shapes: 10,000 tensors of mixed dtypes (more than one
+// launch holds in either layout), and a tensor continued across launches.
+NormsCase norms_many_tensors_case() {
+  NormsCase c;
+  c.name = "production, 10000 tensors";
+  c.seed = 74;
+  c.ords = {2, kInf};
+  c.inv_scale = 1.f / 512;
+  c.found_inf = 0.f;
+  c.scale = 512;
+  std::mt19937_64 rng(74);
+  for (int i = 0; i < 10000; ++i) {
+    c.entries.push_back(random_entry(rng, 150, true, {at::kFloat, at::kHalf, at::kBFloat16,
+                                                      at::kDouble, at::kComplexFloat}));
+  }
+  c.plants = {{9999, Spot::kLastElement, std::numeric_limits<double>::quiet_NaN()}};
+  return c;
+}
+
+// 3 + 326 + 2 chunks of 64K: a tensor that continues past the classic
+// layout's 320 blocks; and a float32 tensor of 2,100 4K chunks (the list's
+// mean is small) past the large layout's 2,048, beside 1,100 small ones.
+NormsCase norms_continuation_case(bool large) {
+  NormsCase c;
+  c.name = large ? "production, continued past 2048 blocks" : "production, continued past 320 blocks";
+  c.seed = 75;
+  c.ords = {1, 2};
+  c.inv_scale = 1.f / 8;
+  c.found_inf = 0.f;
+  c.scale = 8;
+  const EntrySpec dense{0, at::kFloat, {0, 0, 0},
+                        {Layout::kContiguous, Layout::kContiguous, Layout::kContiguous}};
+  if (large) {
+    std::mt19937_64 rng(75);
+    for (int i = 0; i < 1100; ++i) c.entries.push_back(random_entry(rng, 300));
+    EntrySpec e = dense;
+    e.numel = 2100 * torchext::kernels::kMinChunkSize + 9;
+    c.entries.push_back(e);
+  } else {
+    const int64_t chunk = torchext::kernels::kChunkSize;
+    for (int64_t numel : {3 * chunk - 5, 326 * chunk + 9, 2 * chunk}) {
+      EntrySpec e = dense;
+      e.numel = numel;
+      e.dtype = numel == 2 * chunk ? at::kBFloat16 : at::kHalf;
+      c.entries.push_back(e);
+    }
+    c.entries[1].offset[0] = 1;  // unaligned: the scalar loop
+  }
+  c.plants = {{c.entries.size() - 1, Spot::kLastChunk, kInf}};
+  return c;
+}
+
+TEST(CudaOnHost, NormsProductionShapes) {
+  const NormsCase many = norms_many_tensors_case();
+  EXPECT_TRUE(check_norms_case(many, kProduction, BlockOrder::kShuffled));
+  EXPECT_TRUE(check_norms_case(many, kProductionClassic, BlockOrder::kReverse));
+  EXPECT_TRUE(check_norms_case(norms_continuation_case(false), kProductionClassic,
+                               BlockOrder::kShuffled));
+  EXPECT_TRUE(check_norms_case(norms_continuation_case(true), kProduction, BlockOrder::kReverse));
+}
+
+// The same bits in both parameter layouts and every block order: a partial
+// is its chunk's alone, the chunks do not depend on the layout, and the
+// combine adds a tensor's partials in chunk order.
+TEST(CudaOnHost, NormsSameBitsInEveryLayoutAndOrder) {
+  NormsCase c = norms_continuation_case(false);
+  std::mt19937_64 rng(76);
+  for (int i = 0; i < 150; ++i) c.entries.push_back(random_entry(rng, 5000));
+  c.plants.clear();
+  Arena arena;
+  const std::vector<at::Tensor> ts = make_norms_tensors(c, arena, torchext::kernels::kChunkSize);
+  for (const double ord : {1.0, 2.0, 3.0}) {
+    std::optional<at::Tensor> first;
+    for (const Shape* shape : {&kProduction, &kProductionClassic}) {
+      for (BlockOrder o : kOrders) {
+        auto runner = make_norms_runner(*shape, o, 9);
+        const at::Tensor got = torchext::kernels::tensor_norms_launch(
+            ts, ord, scalar_or_none(c.inv_scale), std::nullopt, runner);
+        if (!first) {
+          first = got;
+          EXPECT_TRUE(close_norms(got, norms_reference(ts, ord, scalar_or_none(c.inv_scale),
+                                                       std::nullopt), ts, ord));
+        } else {
+          EXPECT_TRUE(same_bits(got, *first, "norms")) << shape->name << ", " << order_name(o);
+        }
+      }
+    }
+  }
+}
+
+// Bad input: the validator's error, before anything is launched or written.
+TEST(CudaOnHost, NormsRefuseBadInputBeforeAnything) {
+  const at::Tensor ok = at::randn({10}), empty = at::empty({0});
+  const at::Tensor found = at::zeros({}, at::kFloat);
+  const auto expect_refused = [&](const std::vector<at::Tensor>& ts, double ord,
+                                  const std::optional<at::Tensor>& inv,
+                                  const std::optional<at::Tensor>& f, const char* message) {
+    auto runner = make_norms_runner(kTiny, BlockOrder::kForward, 1);
+    try {
+      torchext::kernels::tensor_norms_launch(ts, ord, inv, f, runner);
+      ADD_FAILURE() << "not refused: " << message;
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(runner.counts().empty()) << message;
+    EXPECT_EQ(found.item<float>(), 0.f);
+  };
+  expect_refused({ok, empty}, -1.0, std::nullopt, found, "is empty");
+  expect_refused({ok, empty}, kInf, std::nullopt, found, "is empty");
+  expect_refused({ok, at::ones({3}, at::kInt)}, 2.0, std::nullopt, found, "unsupported dtype");
+  expect_refused({ok}, 2.0, at::ones({}, at::kDouble), found, "inv_scale must be a float32");
+  expect_refused({ok}, 2.0, at::ones({2}), found, "exactly one element");
+  expect_refused({ok}, 2.0, std::nullopt, at::zeros({}, at::kDouble), "found_inf");
+  // An empty list launches nothing either, and gives an empty float32 result.
+  auto runner = make_norms_runner(kTiny, BlockOrder::kForward, 1);
+  const at::Tensor none = torchext::kernels::tensor_norms_launch({}, 2.0, std::nullopt, found, runner);
+  EXPECT_EQ(none.numel(), 0);
+  EXPECT_EQ(none.scalar_type(), at::kFloat);
+  EXPECT_TRUE(runner.counts().empty());
+}
+
+// Launches per call at the benchmark shapes (bench_cuda_host prints the
+// same counts): the chunk launches, and one combine.
+TEST(CudaOnHost, NormsLaunchesPerCall) {
+  struct Want {
+    int64_t n, numel;
+    int large, classic;
+  };
+  for (const Want& w : {Want{200, 50000, 1, 5}, Want{1000, 1000, 1, 9},
+                        Want{10000, 100, 10, 82}, Want{100, 4000000, 4, 20}}) {
+    std::vector<at::Tensor> grads;
+    for (int64_t i = 0; i < w.n; ++i) grads.push_back(at::empty({w.numel}));  // never read
+    for (const ParamLayout layout : {kLarge, kClassic}) {
+      CountingExecutor exec;
+      exec.lim.layout = layout;
+      torchext::kernels::tensor_norms_launch(grads, 2.0, at::ones({}), at::zeros({}), exec);
+      const std::string where = std::to_string(w.n) + " x " + std::to_string(w.numel) +
+                                (layout == kLarge ? " large" : " classic");
+      EXPECT_EQ(exec.launches["norms"], layout == kLarge ? w.large : w.classic) << where;
+      EXPECT_EQ(exec.launches["norms combine"], 1) << where;
+      EXPECT_EQ(exec.launches.size(), 2u) << where;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
 // Planted bugs: the same comparisons must fail.
 
 // How many of the tiny-shape cases fail in `shape`'s layout.
@@ -842,6 +1100,83 @@ TEST(CudaOnHostPlantedBugs, WrongSlotIsCaught) {
     std::printf("planted kWrongSlot, production %s: %s\n", packed ? "packed" : "lists",
                 std::string(r.message()).substr(0, 300).c_str());
   }
+}
+
+// tensor_norms' planted bugs, each over the cases it concerns: how many of
+// them fail, and the first failure.
+template <PlantedBug Bug>
+int failing_norms_cases(const std::vector<NormsCase>& cases, const Shape& shape,
+                        std::string* first, uint8_t scratch_fill = 0xFF) {
+  const NormsStats kept = norms_stats();  // the statistics are the real kernels'
+  int failures = 0;
+  for (const auto& c : cases) {
+    const auto r = check_norms_case<Bug>(c, shape, BlockOrder::kForward, /*count=*/false,
+                                         scratch_fill);
+    if (!r && failures++ == 0) *first = r.message();
+  }
+  norms_stats() = kept;
+  return failures;
+}
+
+// A chunk's partial never written: the combine reads what the scratch holds,
+// uninitialized memory (NaN here), or zeros (a partial lost from the sum).
+TEST(CudaOnHostPlantedBugs, DroppedPartialIsCaught) {
+  const std::vector<NormsCase> cases = norms_cases(71, 16, 120);
+  for (const Shape* shape : {&kTiny, &kTinyClassic}) {
+    for (const uint8_t fill : {uint8_t{0xFF}, uint8_t{0}}) {
+      std::string first;
+      const int n = failing_norms_cases<PlantedBug::kDroppedPartial>(cases, *shape, &first, fill);
+      EXPECT_EQ(n, static_cast<int>(cases.size()))
+          << shape->name << ", scratch filled with " << int(fill)
+          << ": a lost partial went unnoticed in some cases";
+      std::printf("planted kDroppedPartial, %s, scratch 0x%02X: %d of %zu cases fail; first: %s\n",
+                  shape->name, fill, n, cases.size(), first.substr(0, 300).c_str());
+    }
+  }
+  const NormsStats kept = norms_stats();
+  const auto r = check_norms_case<PlantedBug::kDroppedPartial>(
+      norms_continuation_case(true), kProduction, BlockOrder::kForward, false, 0);
+  norms_stats() = kept;
+  EXPECT_FALSE(r) << "the large layout's lost partial went unnoticed";
+}
+
+// x * inv_scale folded unrounded: the underflow case shows it (unscale_
+// stores 0 where fp16 cannot hold the product).
+TEST(CudaOnHostPlantedBugs, UnscaleNotRoundedIsCaught) {
+  for (const Shape* shape : {&kTiny, &kSmallClassic, &kProduction}) {
+    std::string first;
+    const int n = failing_norms_cases<PlantedBug::kUnscaleNotRounded>({norms_underflow_case()},
+                                                                     *shape, &first);
+    EXPECT_EQ(n, 1) << shape->name << ": an unrounded unscale went unnoticed";
+    std::printf("planted kUnscaleNotRounded, %s: %s\n", shape->name, first.substr(0, 300).c_str());
+  }
+}
+
+// The inf/NaN check skipped in a load's partial lanes: found_inf misses an
+// inf in a tensor's last element.
+TEST(CudaOnHostPlantedBugs, TailCheckSkippedIsCaught) {
+  std::vector<NormsCase> cases;
+  for (const auto& c : norms_cases(72, 16, 120)) {
+    if (c.found_inf && *c.found_inf == 0.f && !c.plants.empty() &&
+        std::get<1>(c.plants[0]) == Spot::kLastElement) {
+      NormsCase k = c;
+      k.ords = {2};
+      cases.push_back(k);
+    }
+  }
+  ASSERT_EQ(cases.size(), 4u);
+  for (const Shape* shape : kSmallShapes) {
+    std::string first;
+    const int n = failing_norms_cases<PlantedBug::kTailCheckSkipped>(cases, *shape, &first);
+    EXPECT_GT(n, 0) << shape->name << ": an inf in a load's partial lanes went unnoticed";
+    std::printf("planted kTailCheckSkipped, %s: %d of %zu cases fail; first: %s\n", shape->name,
+                n, cases.size(), first.substr(0, 300).c_str());
+  }
+  const NormsStats kept = norms_stats();
+  const auto r = check_norms_case<PlantedBug::kTailCheckSkipped>(
+      norms_many_tensors_case(), kProduction, BlockOrder::kForward, false);
+  norms_stats() = kept;
+  EXPECT_FALSE(r) << "the production shape's NaN in a last element went unnoticed";
 }
 
 }  // namespace

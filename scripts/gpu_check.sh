@@ -5,24 +5,32 @@
 # only (no venv, nothing downloaded), then runs, each step logged to $OUT:
 #   - the CUDA pytest tests (opcheck on CUDA, sync-debug mode, bit-for-bit
 #     equality with torch.optim.ASGD on the GPU, CUDA graphs, reduce-overhead;
-#     tests/ops/test_cuda_launch_layouts.py: a step captured in a CUDA graph
-#     in the classic 4 KB and the large 32 KB kernel-parameter layout,
-#     replayed and compared bit for bit with eager, and each layout's launch
-#     count); tests that need expecttest skip, saying so, where it is missing;
+#     tests/ops/test_cuda_launch_layouts.py: a step and a tensor_norms call
+#     captured in a CUDA graph in the classic 4 KB and the large 32 KB
+#     kernel-parameter layout, replayed and compared bit for bit with eager,
+#     and each layout's launch count; tensor_norms' CUDA kernel against the
+#     CPU kernel, every order); tests that need expecttest skip, saying so,
+#     where it is missing;
 #   - `python -m torchext check --device cuda` (every op against torch, and
 #     the bad-input table: clear errors, nothing written). A crash (a signal,
 #     not an exception) is caught: the same command runs again under
 #     `cuda-gdb -batch -ex run -ex bt` and its backtrace is kept in
 #     $OUT/check_crash_backtrace.log;
-#   - `python -m torchext bench --device cuda --only asgd,amp,clip,gpu_targets`
+#   - `python -m torchext bench --device cuda --only asgd,amp,gpu_targets`
 #     (% of the bandwidth bound per case; JSON in $OUT/bench.json), then
 #     `--only gpu_targets` again with TORCHEXT_CUDA_GRAPH_LARGE_PARAMS=1 (the
 #     captured step in the large layout; $OUT/bench_graph_large.json);
+#   - `bench --device cuda --only clip` on its own, its report printed whole
+#     ($OUT/bench_clip.json): the fused clip phase against the phase without
+#     clipping and against torch's recipe at 200 x 50k and 10000 x 100, and
+#     the tensor_norms kernel's bytes/s against a copy's (and against the
+#     composite kernel's two reads);
 #   - compute-sanitizer memcheck over every op on CUDA (`torchext check`),
 #     where the tool exists;
 #   - the ctest suites with the CUDA kernels (cuda_on_host; cuda_on_device,
 #     cpp_tests/test_cuda_on_device.cpp: the real kernels bit for bit against
-#     the CPU kernels), where CMake and GoogleTest exist (GTEST_ROOT may point
+#     the CPU kernels; tensor_norms within its stated tolerance of them and
+#     bit for bit against the host runner), where CMake and GoogleTest exist (GTEST_ROOT may point
 #     at an unpacked libgtest-dev);
 #     built in the background while the Python steps run;
 #   - with GPU_CHECK_COMPILE=1, also the compiled-training matrix (minutes).
@@ -134,7 +142,9 @@ if [ $crc -gt 128 ] && [ $crc != 137 ]; then  # a signal (SIGSEGV: 139), not a f
 fi
 
 if [ "${GPU_CHECK_BENCH:-1}" = 1 ]; then
-  step bench "$PY" -m torchext bench --device cuda --only asgd,amp,clip,gpu_targets --json "$OUT/bench.json"
+  step bench "$PY" -m torchext bench --device cuda --only asgd,amp,gpu_targets --json "$OUT/bench.json"
+  step bench_clip "$PY" -m torchext bench --device cuda --only clip --json "$OUT/bench_clip.json" &&
+    grep -v '^|--' "$OUT/bench_clip.log" | sed -n '/^clip_grad_norm_ alone/,$p'
   # Captured launches fall back to the 4 KB layout unless told (csrc/ops/cuda/launch.cuh).
   step bench_graph_large env TORCHEXT_CUDA_GRAPH_LARGE_PARAMS=1 \
     "$PY" -m torchext bench --device cuda --only gpu_targets --json "$OUT/bench_graph_large.json"

@@ -1,5 +1,5 @@
 // Validation of tensor_norms (the per-tensor vector norms behind gradient
-// clipping), run by every kernel (CPU, Meta, the composite one) before it
+// clipping), run by every kernel (CPU, CUDA, Meta, the composite one) before it
 // reads anything, and the dtype of its result.
 #pragma once
 

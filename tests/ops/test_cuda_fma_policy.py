@@ -13,7 +13,8 @@ Check: the PTX of the elementwise kernels is the same with ``-fmad=true``
 its own; and the fp32 ASGD kernel has its explicit FMAs. A small kernel
 written with plain ``a * b + c`` shows that the comparison does see a
 contraction. The schedule kernels are left out: their ``pow`` is CUDA's own
-(libdevice), compiled as CUDA ships it.
+(libdevice), compiled as CUDA ships it; so are tensor_norms' kernels that
+call it or ``hypot`` (other orders p, complex pairs, the combine's root).
 """
 import glob
 import os
@@ -100,6 +101,20 @@ def test_cuda_kernels_contract_nothing_on_their_own(tmp_path):
         assert not loose, f"{name}: {loose[:3]}"
     fp32 = [n for n in names if "ASGDElementwiseIf" in n]  # <float, metadata>
     assert len(fp32) == 4 and all("fma.rn.f32" in fused[n] for n in fp32), fp32
+
+
+@needs_toolchain
+def test_norms_kernels_contract_nothing(tmp_path):
+    source = os.path.join(ROOT, "csrc", "ops", "cuda", "norms_cuda.cu")
+    names, fused, separate = _compare(source, tmp_path, ["NormChunkBody"])
+    # Orders 0, 1, 2, inf, -inf (p is NormKind 5) of the real dtypes (4), in
+    # both kernel-parameter layouts: no libdevice call.
+    plain = [n for n in names if "RealPair" not in n and "NormKindE5E" not in n]
+    assert len(plain) == 5 * 4 * 2, plain
+    for name in plain:
+        assert fused[name] == separate[name], f"nvcc contracted a multiply-add in {name}"
+        loose = re.findall(r"\b(?:add|sub|mul)\.f(?:32|64)\b", fused[name])
+        assert not loose, f"{name}: {loose[:3]}"
 
 
 @needs_toolchain

@@ -3,9 +3,9 @@
 Eager launches carry up to 32 KB of launch metadata (CUDA 13 builds);
 launches made while the stream captures a CUDA graph fall back to the
 classic 4 KB layout, unless TORCHEXT_CUDA_GRAPH_LARGE_PARAMS=1 (see
-csrc/ops/cuda/launch.cuh for why). A captured asgd_ / unscale_ step,
-replayed, must match the same steps run eagerly bit for bit in both
-layouts, and the profiler must see the launch counts each layout makes
+csrc/ops/cuda/launch.cuh for why). A captured asgd_ / unscale_ step, or
+tensor_norms call, replayed, must match the same run eagerly bit for bit in
+both layouts, and the profiler must see the launch counts each layout makes
 (docs/benchmarks.md lists them; ctest cuda_on_host checks both layouts on
 the CPU)."""
 import pytest
@@ -111,3 +111,54 @@ def test_launch_counts_of_each_layout(monkeypatch, large_in_graph, shape):
     with torch.cuda.graph(graph):
         run()
     assert update_launches(graph.replay) == (large if large_in_graph else classic)
+
+
+# tensor_norms: (tensors, elements) -> chunk launches per call (large layout,
+# classic layout), then one combine launch. The norms do not depend on the
+# layout: a captured call (classic) gives the eager (large) one's bits.
+NORMS_LAUNCHES = {(200, 50_000): (1, 5), (10_000, 100): (10, 82)}
+
+
+def norms_kernels(fn):
+    """tensor_norms' (chunk, combine) kernels the profiler saw while fn ran."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events()]
+    return (sum("NormChunkBody" in n for n in names), sum("NormCombineBody" in n for n in names))
+
+
+@requires_cuda
+@pytest.mark.parametrize("large_in_graph", [False, True], ids=["classic graph", "large graph"])
+@pytest.mark.parametrize("shape", list(NORMS_LAUNCHES), ids=lambda s: f"{s[0]}x{s[1]}")
+def test_tensor_norms_captured_like_eager_in_each_layout(monkeypatch, large_in_graph, shape):
+    if large_in_graph:
+        monkeypatch.setenv("TORCHEXT_CUDA_GRAPH_LARGE_PARAMS", "1")
+    n, numel = shape
+    g = torch.Generator(device="cuda").manual_seed(1)
+    grads = [torch.randn(numel, generator=g, device="cuda") * 1024 for _ in range(n)]
+    inv = torch.tensor(1 / 1024, device="cuda")
+    found = [torch.zeros((), device="cuda") for _ in range(2)]
+    run = lambda f: ops.tensor_norms(grads, 2.0, inv, f)  # noqa: E731
+    eager = run(found[0])
+    assert norms_kernels(lambda: run(found[0])) == (NORMS_LAUNCHES[shape][0], 1)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        run(found[1])
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run(found[1])
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured.view(torch.int32), eager.view(torch.int32))
+    assert found[0].item() == found[1].item() == 0
+    large, classic = NORMS_LAUNCHES[shape]
+    assert norms_kernels(graph.replay) == (large if large_in_graph else classic, 1)
+    # An inf in the last grad reaches found_inf on replay.
+    grads[-1][-1] = float("inf")
+    graph.replay()
+    torch.cuda.synchronize()
+    assert found[1].item() == 1 and captured[-1].item() == float("inf")

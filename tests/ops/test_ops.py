@@ -194,17 +194,20 @@ def test_every_op_has_cpu_meta_and_cuda_kernels():
         dump = torch._C._dispatch_dump(f"torchext::{name}")
         assert "\nCPU: registered" in dump and "\nMeta: registered" in dump, dump
         if name in ("tensor_norms", "update_scale_.counted"):
-            # CUDA (any device but CPU/Meta): ATen's multi-tensor norm;
-            # update_scale_'s CUDA kernel and two ATen ops.
+            # Devices without a kernel of their own: tensor_norms' composite
+            # (ATen's multi-tensor norm); update_scale_'s CUDA kernel and two
+            # ATen ops.
             assert "\nCompositeExplicitAutograd[alias]: registered" in dump, dump
-        elif torchext.has_cuda_kernels():
+        if torchext.has_cuda_kernels() and name != "update_scale_.counted":
+            # CUDA picks its own kernel over the composite one.
             assert "\nCUDA: registered" in dump, dump
 
 
 @pytest.mark.parametrize("order", [2.0, 1.0, 0.0, float("inf"), float("-inf"), 3.0, -1.0])
 def test_tensor_norms_cpu_kernel_matches_the_composite_one(order):
-    """The CPU kernel against the kernel CUDA runs (ATen's _foreach_norm),
-    reached on the CPU through the composite key, with inv_scale/found_inf."""
+    """The CPU kernel against the composite kernel (ATen's _foreach_norm, what
+    devices without a kernel of their own run), reached on the CPU through
+    the composite key, with inv_scale/found_inf."""
     ts = asgd_inputs(dtype=torch.float32)[1] + [torch.randn(3, 5).t(),
                                                torch.randn(9, dtype=torch.float16)]
     ts[0][1] = float("nan") if order == 1.0 else ts[0][1]
@@ -229,7 +232,8 @@ def test_tensor_norms_of_scaled_low_precision_grads_round_after_inv_scale(route,
     """fp16 grads whose *scaled* norm passes 65504 (94868 here) but whose
     unscaled norm (92.6) does not: the norm is accumulated in float32 and
     rounded to fp16 only after inv_scale, on the CPU kernel and on the
-    composite one CUDA runs (reached here on the CPU). Reference: float64."""
+    composite one (reached here on the CPU). Reference: float64. The CUDA
+    kernel: test_tensor_norms_cuda_matches_cpu_kernel."""
     g = torch.full((1000,), 3000.0, dtype=dtype)
     inv = torch.tensor(1 / 1024)
     found = torch.zeros(())
@@ -262,6 +266,55 @@ def test_tensor_norms_overflow_where_torchs_float_sums_do(route, order):
     assert rel_err(got[2:], want[2:].to(got.dtype)) < 1e-12
 
 
+def _norms_close(got, want, tensors, order):
+    """The CUDA kernel's norms against the CPU kernel's (cpp_tests/cuda_cases.h:
+    close_norms says why): the same bits for 0, inf and -inf; within 2^-16
+    (float32 sums: 1- and 2-norms of float32/fp16/bf16) or 1e-10 (double
+    sums) relative, plus one unit in the last place of the tensor's dtype."""
+    exact = order == 0 or math.isinf(order)
+    for g, w, t in zip(got.cpu().double().tolist(), want.double().tolist(), tensors):
+        if (math.isnan(g) and math.isnan(w)) or g == w:
+            continue
+        assert not exact and math.isfinite(g) and math.isfinite(w), (g, w, t.dtype, order)
+        real = t.real.dtype if t.is_complex() else t.dtype
+        float_sums = order in (1, 2) and not t.is_complex() and real != torch.float64
+        ulp = torch.finfo(real).eps * max(abs(w), torch.finfo(real).tiny)
+        assert abs(g - w) <= (2**-16 if float_sums else 1e-10) * abs(w) + ulp, (g, w, t.dtype)
+
+
+@requires_cuda
+@pytest.mark.parametrize("order", [0.0, 1.0, 2.0, math.inf, -math.inf, 3.0, 0.5, -1.0, -2.5])
+def test_tensor_norms_cuda_matches_cpu_kernel(order):
+    """The CUDA kernel (one read: norms, unscale and inf check) against the CPU
+    kernel: mixed dtypes, complex, a non-dense tensor, an unaligned slice,
+    sizes around the vector width, inv_scale and found_inf; no host sync."""
+    torch.manual_seed(0)
+    ts = [torch.randn(n, dtype=dt) * 64 for n in (1, 3, 4, 5, 4097, 70000)
+          for dt in (torch.float32, torch.float16, torch.bfloat16, torch.float64,
+                     torch.complex64)]
+    ts += [torch.randn(6, 7).t() * 64, torch.randn(101)[1:] * 64, torch.randn(10, 4)[:, ::2] * 64]
+    if order >= 0 and not math.isinf(order):
+        ts.append(torch.zeros(0, dtype=torch.float16))
+    for with_inf in (False, True):
+        if with_inf:
+            ts[20][-1] = float("inf")
+        inv = torch.tensor(1 / 64)
+        f_cpu = torch.zeros(())
+        want = ops.tensor_norms(ts, order, inv, f_cpu)
+        f_gpu = torch.zeros((), device="cuda")
+        cuda = [t.cuda() for t in ts]
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            got = ops.tensor_norms(cuda, order, inv.cuda(), f_gpu)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert got.device.type == "cuda" and got.dtype == want.dtype
+        assert f_gpu.item() == f_cpu.item() == float(with_inf)
+        _norms_close(got, want, ts, order)
+        # Without inv_scale/found_inf too.
+        _norms_close(ops.tensor_norms(cuda, order), ops.tensor_norms(ts, order), ts, order)
+
+
 def test_tensor_norms_bad_input_raises_and_writes_nothing():
     good = [torch.randn(3), torch.randn(4)]
     cases = [
@@ -280,12 +333,18 @@ def test_tensor_norms_bad_input_raises_and_writes_nothing():
         with pytest.raises(exc, match=match):
             ops.tensor_norms(tensors, **{"found_inf": found, **kw})
         assert found.item() == 0
-        # The kernel CUDA runs (the composite one) refuses the same, on the CPU.
-        composite = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
-        with pytest.raises(exc, match=match):
-            ops.tensor_norms.default.redispatch(composite, tensors, kw.get("ord", 2.0),
-                                                kw.get("inv_scale"), kw.get("found_inf", found))
-        assert found.item() == 0
+        # The composite kernel (devices without their own) and the CUDA
+        # kernel's host code (redispatched with CPU tensors: no GPU needed)
+        # refuse the same.
+        keys = [torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)]
+        if torchext.has_cuda_kernels():
+            keys.append(_CUDA_KEY)
+        for key in keys:
+            with pytest.raises(exc, match=match):
+                ops.tensor_norms.default.redispatch(key, tensors, kw.get("ord", 2.0),
+                                                    kw.get("inv_scale"),
+                                                    kw.get("found_inf", found))
+            assert found.item() == 0
         # The Meta kernel (torch.compile's trace) refuses the same.
         meta = [t.to("meta") for t in tensors if not t.is_sparse]
         if not (exc is RuntimeError and "is on" in match) and len(meta) == len(tensors):
@@ -675,6 +734,25 @@ def _cuda_host_cases():
     yield ("check_finite_ 2-element found_inf",
            lambda: ops.check_finite_.default.redispatch(_CUDA_KEY, [torch.ones(3)], found2),
            ValueError, r"exactly one element, got shape \[2\]")
+    def norms(tensors, ord=2.0, inv_scale=None, found_inf=None):
+        return lambda: ops.tensor_norms.default.redispatch(_CUDA_KEY, tensors, ord, inv_scale,
+                                                           found_inf)
+
+    yield ("tensor_norms -inf norm of an empty tensor",
+           norms([torch.randn(3), torch.zeros(0)], float("-inf")), RuntimeError,
+           r"tensors\[1\] is empty: the -inf norm")
+    yield ("tensor_norms 2-element inv_scale",
+           norms([torch.randn(3)], 2.0, torch.ones(2)), ValueError,
+           r"exactly one element, got shape \[2\]")
+    yield ("tensor_norms float64 found_inf",
+           norms([torch.randn(3)], 2.0, None, torch.zeros((), dtype=torch.float64)), TypeError,
+           "found_inf")
+    # Valid arguments pass validation and stop where the kernel needs the
+    # device: CPU tensors given to the CUDA kernel.
+    yield ("tensor_norms valid arguments reach the device",
+           norms([torch.randn(3), torch.randn(2, dtype=torch.complex64)], 2.0,
+                 torch.ones(()), torch.zeros(())),
+           RuntimeError, "CUDAGuardImpl initialized with non-CUDA DeviceType: cpu")
     g = [torch.randn(4), torch.ones(3, dtype=torch.int64)]
     yield ("unscale_ integer tensor after a valid one",
            lambda: ops.unscale_.default.redispatch(_CUDA_KEY, g, torch.zeros(()),

@@ -177,6 +177,15 @@ def test_bench_clip_tables(tmp_path):
     assert list(phase)[:3] == ["torchext ASGD, fused clip", "torchext ASGD, no clip",
                                "torch recipe, SGD(momentum, fused)"]
     assert "torch recipe, AdamW(fused)" in phase
+    # The norm kernel alone (CPU here; the CUDA kernel where a GPU runs it):
+    # its bytes/s against a copy's, and the composite kernel's two reads.
+    assert re.search(r"tensor_norms alone, 3 x 2000 fp32: [\d.]+ GB/s read, \d+% of copy_'s",
+                     r.stdout), r.stdout
+    norms = run["results"][2]
+    assert list(norms["ms"]) == ["tensor_norms (one read: norms + inf check)",
+                                 "composite: _foreach_norm + check_finite_ (two reads)",
+                                 "torch._foreach_norm (no inf check)"]
+    assert norms["extra"]["bytes_per_s"] > 0 and norms["extra"]["copy_bytes_per_s"] > 0
 
 
 def test_bench_host_runs_quick_and_reports_both_steps(tmp_path):

@@ -8,7 +8,12 @@
   one read for norm + inf check, one fused update) against torchext's own
   phase without clipping, and against torch's recipe (``unscale_`` ->
   ``clip_grad_norm_`` -> ``step`` -> ``update``) with torch's fused SGD, and
-  the same with torch's ``AdamW(fused=True)`` stepped by either scaler.
+  the same with torch's ``AdamW(fused=True)`` stepped by either scaler;
+* the norm kernel alone: ``tensor_norms`` with inv_scale and found_inf (one
+  read: the unscaled norms and the inf check; bound 4 B per fp32 element,
+  reported in bytes/s against a copy's) against the composite kernel
+  (ATen's ``_foreach_norm`` then ``check_finite_``: two reads, what CUDA ran
+  before it had a kernel of its own) and ``torch._foreach_norm`` (no check).
 
 The scale is 1.0 (huge growth interval), so that torch's in-place unscale
 leaves the gradients as they were from one repetition to the next; the
@@ -31,7 +36,8 @@ SHAPES = [(200, 50_000), (10_000, 100)]
 
 def cases(env):
     shapes = [f"{n // 10 if env.quick else n} x {size} fp32" for n, size in SHAPES]
-    return [f"drop-in, {s}" for s in shapes] + [f"phase, {s}" for s in shapes]
+    return ([f"drop-in, {s}" for s in shapes] + [f"phase, {s}" for s in shapes]
+            + [f"norms, {s}" for s in shapes])
 
 
 def _shape(name):
@@ -109,14 +115,48 @@ def _phase(env, name):
                                extra={"tensors": n, "numel": size})
 
 
+_COMPOSITE = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
+
+
+def _norms(env, name):
+    n, size = _shape(name)
+    grads = [p.grad for p in make_params(n, size, torch.float32, env.device)]
+    inv = torch.tensor(1.0, device=env.device)
+    found = torch.zeros((), device=env.device)
+    ops = torch.ops.torchext
+    seconds = env.time_interleaved({
+        "tensor_norms (one read: norms + inf check)":
+            lambda: ops.tensor_norms(grads, 2.0, inv, found),
+        "composite: _foreach_norm + check_finite_ (two reads)":
+            lambda: ops.tensor_norms.default.redispatch(_COMPOSITE, grads, 2.0, inv, found),
+        "torch._foreach_norm (no inf check)": lambda: torch._foreach_norm(grads, 2.0),
+    })
+    nbytes = 4 * n * size
+    ours = next(iter(seconds.values()))
+    return Result.from_seconds(NAME, name, seconds, bytes_moved=nbytes, env=env,
+                               extra={"tensors": n, "numel": size,
+                                      "bytes_per_s": nbytes / ours,
+                                      "copy_bytes_per_s": env.copy_bandwidth})
+
+
 def run_case(env, name):
-    return _drop_in(env, name) if name.startswith("drop-in") else _phase(env, name)
+    if name.startswith("drop-in"):
+        return _drop_in(env, name)
+    return _norms(env, name) if name.startswith("norms") else _phase(env, name)
 
 
 def report(env, results):
     lines = [env.header()]
     for r in results:
         rows = ratio_rows(r)
+        if r.case.startswith("norms"):
+            x = r.extra
+            lines += [f"tensor_norms alone, {r.case.split(', ')[1]}: "
+                      f"{x['bytes_per_s'] / 1e9:.1f} GB/s read, "
+                      f"{x['bytes_per_s'] / x['copy_bytes_per_s'] * 100:.0f}% of copy_'s "
+                      f"{x['copy_bytes_per_s'] / 1e9:.1f} GB/s",
+                      table(["setup", "ms", "time / torchext's", "of bandwidth bound"], rows)]
+            continue
         title = ("clip_grad_norm_ alone" if r.case.startswith("drop-in")
                  else "scale -> clip -> step -> update")
         lines += [f"{title}, {r.case.split(', ')[1]} (clipping active)",

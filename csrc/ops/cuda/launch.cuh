@@ -35,17 +35,27 @@ namespace cuda {
 // bodies take them by reference, and a grid constant is read in place, never
 // copied to each thread's local memory.
 #if TORCHEXT_LARGE_KERNEL_PARAMS
-template <typename Body, typename... Args>
-__global__ void __launch_bounds__(kernels::kBlockSize)
-    body_kernel(const __grid_constant__ Args... args) {
-  Body{}(kernels::ThreadCtx{blockIdx.x, threadIdx.x, blockDim.x}, args...);
-}
+#define TORCHEXT_KERNEL_ARGS const __grid_constant__ Args... args
 #else
+#define TORCHEXT_KERNEL_ARGS Args... args
+#endif
 template <typename Body, typename... Args>
-__global__ void __launch_bounds__(kernels::kBlockSize) body_kernel(Args... args) {
+__global__ void __launch_bounds__(kernels::kBlockSize) body_kernel(TORCHEXT_KERNEL_ARGS) {
   Body{}(kernels::ThreadCtx{blockIdx.x, threadIdx.x, blockDim.x}, args...);
 }
-#endif
+// A phased body (multi_tensor_apply.h): its phases in turn, a block-wide
+// barrier between two, its Shared in shared memory.
+template <typename Body, typename... Args>
+__global__ void __launch_bounds__(kernels::kBlockSize) phased_body_kernel(TORCHEXT_KERNEL_ARGS) {
+  __shared__ typename Body::Shared shared;
+  const kernels::ThreadCtx ctx{blockIdx.x, threadIdx.x, blockDim.x};
+  const int phases = Body::phases(blockDim.x);
+  for (int phase = 0; phase < phases; ++phase) {
+    if (phase > 0) __syncthreads();
+    Body{}(ctx, phase, shared, args...);
+  }
+}
+#undef TORCHEXT_KERNEL_ARGS
 
 // Whether launches captured into a CUDA graph may use the large layout.
 // Default: no. No CUDA document we found says that graph capture takes
@@ -93,13 +103,22 @@ class CudaExecutor {
   at::Tensor pointer_table(int64_t count) const {
     return at::empty({count}, at::TensorOptions().dtype(at::kLong).device(device_));
   }
+  // Device scratch of `bytes` bytes, uninitialized, from the caching
+  // allocator like pointer_table.
+  at::Tensor scratch(int64_t bytes) const {
+    return at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(device_));
+  }
   template <typename Body, typename... Args>
   void launch(unsigned blocks, unsigned threads, const Args&... args) const {
     static_assert(kernels::kernel_param_bytes<Args...>() <=
                       kernels::param_budget(kLargeParams ? kernels::ParamLayout::kLarge
                                                          : kernels::ParamLayout::kClassic),
                   "kernel arguments too large");
-    body_kernel<Body, Args...><<<blocks, threads, 0, stream_>>>(args...);
+    if constexpr (kernels::is_phased_body<Body>::value) {
+      phased_body_kernel<Body, Args...><<<blocks, threads, 0, stream_>>>(args...);
+    } else {
+      body_kernel<Body, Args...><<<blocks, threads, 0, stream_>>>(args...);
+    }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 

@@ -92,10 +92,9 @@ at::Tensor tensor_norms_meta(at::TensorList tensors, double ord,
                    at::TensorOptions().dtype(tensor_norms_dtype(tensors)).device(at::kMeta));
 }
 
-// tensor_norms on every device without a kernel of its own and for an empty
-// list: ATen's multi-tensor norm (one launch per dtype kind on CUDA), then
-// the inf/NaN check as a second read. No host sync, so it captures in CUDA
-// graphs. The norm is homogeneous, so the norms of tensors * inv_scale are the
+// tensor_norms on every device without a kernel of its own (CPU and CUDA
+// have theirs) and for an empty list: ATen's multi-tensor norm, then the
+// inf/NaN check as a second read. No host sync. The norm is homogeneous, so the norms of tensors * inv_scale are the
 // norms times inv_scale (a power of two for a loss scale: exact). fp16/bf16
 // norms are accumulated into float32 and rounded to the output dtype only
 // after inv_scale is applied: the norm of scaled fp16 grads passes 65504 long

@@ -9,6 +9,13 @@
 // (cpp_tests/host_runner.h) calls it for every block and thread of the same launches on
 // the CPU. The host-side launch code of each op family (asgd_kernels.h, amp_kernels.h,
 // swap_kernels.h) is a template over the executor, so both run the same plan.
+//
+// A body whose threads must cooperate (a block-wide reduction) is a phased
+// body (is_phased_body): it names its shared memory (Body::Shared) and runs
+// in Body::phases(threads per block) phases, called as
+// body(ctx, phase, shared, args...); every thread of a block finishes phase k
+// before any starts phase k + 1 (__syncthreads() on the device; the host
+// runner runs a block phase by phase).
 #pragma once
 
 #include <c10/macros/Macros.h>
@@ -76,6 +83,19 @@ struct ThreadCtx {
   unsigned thread;    // threadIdx.x
   unsigned nthreads;  // blockDim.x
 };
+
+// Whether Body is a phased body (see the top of this file): it has a Shared type.
+template <typename Body, typename = void>
+struct is_phased_body : std::false_type {};
+template <typename Body>
+struct is_phased_body<Body, std::void_t<typename Body::Shared>> : std::true_type {};
+
+// The steps of a tree reduction over n values: ceil(log2(n)).
+C10_HOST_DEVICE inline int tree_steps(unsigned n) {
+  int steps = 0;
+  while ((1u << steps) < n) ++steps;
+  return steps;
+}
 
 // How the planner cuts lists into launches. The CUDA executor sets only the
 // layout; the host runner's tests also use small values, so that a handful
@@ -180,6 +200,23 @@ inline int64_t auto_chunk_size(int64_t total, int64_t count) {
   return chunk;
 }
 
+// The chunks of a tensor of `numel` elements: at least one (an empty
+// tensor's block, when it gets one).
+C10_HOST_DEVICE inline int64_t chunks_of(int64_t numel, int64_t chunk_size) {
+  const int64_t n = (numel + chunk_size - 1) / chunk_size;
+  return n > 1 ? n : 1;
+}
+
+// The chunk size multi_tensor_apply cuts `entries` into under `limits`.
+template <int EntryDepth>
+int64_t planned_chunk_size(const std::vector<TensorEntry<EntryDepth>>& entries,
+                           const LaunchLimits& limits) {
+  if (limits.chunk_size != 0) return limits.chunk_size;
+  int64_t total = 0;
+  for (const auto& entry : entries) total += entry.numel;
+  return auto_chunk_size(total, static_cast<int64_t>(entries.size()));
+}
+
 // Whether a tensor without elements still gets a block (one, with nothing to
 // walk): asgd_ needs every entry's block to record its schedule row.
 enum class EmptyTensors { kSkip, kOneBlock };
@@ -196,12 +233,7 @@ void multi_tensor_apply(const std::vector<TensorEntry<EntryDepth>>& entries,
   constexpr int Depth = Meta::kDepth;
   static_assert(EntryDepth >= Depth, "entries carry fewer pointers than the metadata");
   using slot_t = typename Meta::slot_t;
-  int64_t chunk_size = limits.chunk_size;
-  if (chunk_size == 0) {
-    int64_t total = 0;
-    for (const auto& entry : entries) total += entry.numel;
-    chunk_size = auto_chunk_size(total, static_cast<int64_t>(entries.size()));
-  }
+  const int64_t chunk_size = planned_chunk_size(entries, limits);
   TORCH_CHECK(chunk_size > 0 && chunk_size % kILP == 0,
               "multi_tensor_apply: chunk size must be a positive multiple of ", kILP);
   const int max_blocks = limits.max_blocks > 0 ? std::min(limits.max_blocks, Meta::kMaxBlocks)
@@ -218,8 +250,7 @@ void multi_tensor_apply(const std::vector<TensorEntry<EntryDepth>>& entries,
     meta.numel[ntensors] = entry.numel;
     meta.tag[ntensors] = entry.tag;
     ++ntensors;
-    const int64_t nchunks =
-        std::max<int64_t>(1, (entry.numel + chunk_size - 1) / chunk_size);
+    const int64_t nchunks = chunks_of(entry.numel, chunk_size);
     TORCH_CHECK(nchunks - 1 <= INT32_MAX, "multi_tensor_apply: tensor too large");
     for (int64_t chunk = 0; chunk < nchunks; ++chunk) {
       meta.block_tensor[nblocks] = static_cast<slot_t>(ntensors - 1);
@@ -290,7 +321,18 @@ C10_HOST_DEVICE inline bool is_aligned(const T* p) {
 // elements per iteration, blockDim apart, each load and store bounds-checked
 // (lanes past the end hold T{} and are not stored). fn(r) computes in place
 // on r[k][0..kILP), the values of pointer k; the first nstore pointers are
-// stored back.
+// stored back. A reduction, which must not fold the T{} lanes, takes
+// fn(r, valid) instead: lanes [0, valid) hold elements (kILP in the vector
+// loop; in the scalar loop a thread's lanes past the end come last).
+template <typename Fn, typename R>
+C10_HOST_DEVICE inline void call_with_lanes(const Fn& fn, R& r, int valid) {
+  if constexpr (std::is_invocable_v<const Fn&, R&, int>) {
+    fn(r, valid);
+  } else {
+    fn(r);
+  }
+}
+
 template <int N, typename T, typename Fn>
 C10_HOST_DEVICE inline void chunk_loop(const ThreadCtx& ctx, T* const (&ptrs)[N], int64_t n,
                                        int nstore, const Fn& fn) {
@@ -308,7 +350,7 @@ C10_HOST_DEVICE inline void chunk_loop(const ThreadCtx& ctx, T* const (&ptrs)[N]
         TORCHEXT_UNROLL
         for (int ii = 0; ii < kILP; ++ii) r[k][ii] = x.val[ii];
       }
-      fn(r);
+      call_with_lanes(fn, r, kILP);
       TORCHEXT_UNROLL
       for (int k = 0; k < N; ++k) {
         if (k < nstore) {
@@ -324,13 +366,15 @@ C10_HOST_DEVICE inline void chunk_loop(const ThreadCtx& ctx, T* const (&ptrs)[N]
   const int64_t stride = static_cast<int64_t>(ctx.nthreads) * kILP;
   for (int64_t base = tail; base < n; base += stride) {
     T r[N][kILP];
+    int valid = 0;
     TORCHEXT_UNROLL
     for (int ii = 0; ii < kILP; ++ii) {
       const int64_t i = base + ctx.thread + static_cast<int64_t>(ii) * ctx.nthreads;
+      valid += i < n ? 1 : 0;
       TORCHEXT_UNROLL
       for (int k = 0; k < N; ++k) r[k][ii] = i < n ? ptrs[k][i] : T{};
     }
-    fn(r);
+    call_with_lanes(fn, r, valid);
     TORCHEXT_UNROLL
     for (int ii = 0; ii < kILP; ++ii) {
       const int64_t i = base + ctx.thread + static_cast<int64_t>(ii) * ctx.nthreads;
