@@ -58,6 +58,19 @@ class GradsByDevice:
             {device: pick(norm_inputs, idx) for device, idx in by_device.items()}
             if self.sparse else self.lists)
 
+    def each_device(self, call, lists: dict | None = None) -> dict[torch.device, Tensor]:
+        """``call(device, tensors, found_inf)`` for each device's list (of
+        ``lists``, default ``self.lists``), each with a fresh found_inf (0-d
+        float32 zero on that device): the scaler's one loop over devices.
+        Returns the found_infs per device."""
+        found_per_device = {}
+        with torch.no_grad():
+            for device, tensors in (self.lists if lists is None else lists).items():
+                found = found_per_device[device] = torch.zeros((), dtype=torch.float32,
+                                                               device=device)
+                call(device, tensors, found)
+        return found_per_device
+
     def all(self) -> list[Tensor]:
         """Every gradient (sparse ones by their values), devices in turn."""
         return [g for ts in self.lists.values() for g in ts]

@@ -28,7 +28,6 @@ from ._grads import GradsByDevice
 __all__ = ["GradScaler", "OptState"]
 
 STATE_DICT_VERSION = _checkpoint.STATE_DICT_VERSION
-_MISSING = object()
 _UPDATE_SCALE = torch.ops.torchext.update_scale_.counted
 
 
@@ -40,11 +39,9 @@ def _refresh_per_optimizer_state() -> dict[str, Any]:
 
 def _step_takes_grad_scaler(optimizer) -> bool:
     # torch's older contract for _step_supports_amp_scaling optimizers: a
-    # step(grad_scaler=...) keyword gets the scaler itself. An optimizer of
-    # torchext's protocol takes grad_scale/found_inf instead; asking it
-    # spares inspect.signature, a fifth of an eager step's fixed cost.
-    if getattr(optimizer, protocol.STEP, False):
-        return False
+    # step(grad_scaler=...) keyword gets the scaler itself. (Asked only of
+    # optimizers outside torchext's protocol: inspect.signature costs a fifth
+    # of an eager step's fixed cost.)
     return "grad_scaler" in inspect.signature(optimizer.step).parameters
 
 
@@ -215,7 +212,7 @@ class GradScaler(torch.amp.GradScaler):
         for found_inf in found_inf_per_device.values():
             dist.all_reduce(found_inf, op=dist.ReduceOp.MAX, group=group)
 
-    def _unscale_grads_(self, optimizer, inv_scale: Tensor, found_inf: Tensor,
+    def _unscale_grads_(self, optimizer, inv_scale: Tensor,
                         allow_fp16: bool) -> dict[torch.device, Tensor]:
         """Unscales the grads in place and checks them (one pass per device),
         after every device's grads passed the op's checks."""
@@ -224,12 +221,8 @@ class GradScaler(torch.amp.GradScaler):
         grads.validate(lambda ts, found: unscale(ts, found, torch.ones_like(found)))
         for param, coalesced in grads.coalesced:
             param.grad = coalesced
-        found_per_device: dict[torch.device, Tensor] = {}
-        with torch.no_grad():
-            for device, tensors in grads.lists.items():
-                found = found_inf if found_inf.device == device else found_inf.to(device, copy=True)
-                unscale(tensors, found, inv_scale.to(device, non_blocking=True))
-                found_per_device[device] = found
+        found_per_device = grads.each_device(
+            lambda device, ts, found: unscale(ts, found, inv_scale.to(device, non_blocking=True)))
         self._sync_found_inf(found_per_device, grads.sharded)
         return found_per_device
 
@@ -245,12 +238,7 @@ class GradScaler(torch.amp.GradScaler):
         grads = GradsByDevice(optimizer, allow_fp16)
         check = torch.ops.torchext.check_finite_
         grads.validate(check)
-        found_per_device = {}
-        with torch.no_grad():
-            for device, tensors in grads.lists.items():
-                found = torch.zeros((), dtype=torch.float32, device=device)
-                check(tensors, found)
-                found_per_device[device] = found
+        found_per_device = grads.each_device(lambda device, ts, found: check(ts, found))
         self._sync_found_inf(found_per_device, grads.sharded)
         return found_per_device
 
@@ -292,8 +280,7 @@ class GradScaler(torch.amp.GradScaler):
             raise RuntimeError("unscale_() is being called after step().")
         # Same float32 reciprocal as torch (the fused ASGD uses it too).
         inv_scale = self._scale.double().reciprocal().float()
-        found_inf = torch.zeros((), dtype=torch.float32, device=self._scale.device)
-        found = self._unscale_grads_(optimizer, inv_scale, found_inf, self._allow_fp16)
+        found = self._unscale_grads_(optimizer, inv_scale, self._allow_fp16)
         optimizer_state["found_inf_per_device"] = found
         optimizer_state["stage"] = OptState.UNSCALED
         self._per_optimizer_states[id(optimizer)] = optimizer_state
@@ -386,15 +373,13 @@ class GradScaler(torch.amp.GradScaler):
             lists = grads.norm_lists
             if sharded:  # an empty local shard adds nothing to the global norm
                 lists = {d: [t for t in ts if t.numel()] for d, ts in lists.items()}
-            found_per_device = None if unscaled else {}
             norms = []
+            found_per_device = grads.each_device(
+                lambda device, ts, found: norms.append(_clip.norms_of(
+                    ts, norm_type, device, inv_scale, None if unscaled else found)), lists)
+            if unscaled:  # (unscale_ recorded found_inf)
+                found_per_device = None
             with torch.no_grad():
-                for device, tensors in lists.items():
-                    found = None
-                    if not unscaled:  # (else unscale_ recorded found_inf)
-                        found = found_per_device[device] = torch.zeros(
-                            (), dtype=torch.float32, device=device)
-                    norms.append(_clip.norms_of(tensors, norm_type, device, inv_scale, found))
                 total = _clip.total_norm_of(norms, norm_type, next(iter(lists)))
                 if sharded:
                     total = _clip.reduce_sharded(total, norm_type, self._sharded_group())
@@ -526,13 +511,13 @@ class GradScaler(torch.amp.GradScaler):
             self._apply_clip_(optimizer, state, pending)
         elif stage is OptState.READY:
             self.unscale_(optimizer)
-        found_per_device = self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
-        if len(found_per_device) == 0:
+        state = self._per_optimizer_states[id(optimizer)]
+        if len(state["found_inf_per_device"]) == 0:
             raise AssertionError("No inf checks were recorded for this optimizer.")
-        retval = None
-        if not sum(v.item() for v in found_per_device.values()):
-            retval = optimizer.step(*args, **kwargs)
-        self._per_optimizer_states[id(optimizer)]["stage"] = OptState.STEPPED
+        _, retval = protocol.step_unless_overflow(
+            optimizer, lambda: optimizer.step(*args, **kwargs),
+            self._combined_found_inf((state,)), device_skip=False)
+        state["stage"] = OptState.STEPPED
         return retval
 
     def _fused_step(self, optimizer, stage, state, pending, args, kwargs):
@@ -573,42 +558,29 @@ class GradScaler(torch.amp.GradScaler):
         else:
             raise AssertionError("No inf checks were recorded for this optimizer.")
         device_skip = protocol.must_not_sync(optimizer)
-        if not device_skip and found_inf.item():
-            return None, found_per_device  # an overflow: not called, as torch
         if device_skip and len(found_per_device) > 1:
             # torch's fused kernels skip only when found_inf == 1.
             found_inf = torch.clamp(found_inf, max=1.0)
-        unscaled = stage is OptState.UNSCALED and (pending is None or not pending.scaled)
-        factors = _clip.fold(pending, None if unscaled else self._scale,
-                             _clip.TWO_FACTORS if ours else _clip.ONE_FACTOR,
-                             may_read_host=not device_skip or protocol.host_read_allowed())
-        if factors.rewrite:  # one float32 grad_scale cannot carry the clip here
-            self._apply_clip_(optimizer, state, pending)
-        # A grad_scale already on the optimizer is multiplied in, as torch does.
-        user_scale = getattr(optimizer, "grad_scale", _MISSING)
-        grad_scale = factors.grad_scale
-        if user_scale is not _MISSING and user_scale is not None:
-            grad_scale = user_scale if grad_scale is None else grad_scale * user_scale
-        elif grad_scale is None and user_scale is not _MISSING:
-            grad_scale = user_scale
-        optimizer.grad_scale = grad_scale
-        optimizer.found_inf = found_inf if device_skip else None
-        if ours:
-            optimizer.clip_coef = factors.clip_coef
-        try:
-            retval = optimizer.step(*args, **kwargs)
-        finally:
-            # as torch: also a grad_scale the user had set is gone after a step;
-            # a step that raised leaves the optimizer's own as it was.
-            if user_scale is _MISSING:
-                del optimizer.grad_scale
-            else:
-                optimizer.grad_scale = user_scale
-            del optimizer.found_inf
-            if ours:
-                del optimizer.clip_coef
-        if user_scale is not _MISSING:
-            del optimizer.grad_scale
+
+        def attrs():
+            # The pending clip's factors (and, where one float32 grad_scale
+            # cannot carry it, its pass over the grads first).
+            unscaled = stage is OptState.UNSCALED and (pending is None or not pending.scaled)
+            factors = _clip.fold(pending, None if unscaled else self._scale,
+                                 _clip.TWO_FACTORS if ours else _clip.ONE_FACTOR,
+                                 may_read_host=not device_skip or protocol.host_read_allowed())
+            if factors.rewrite:
+                self._apply_clip_(optimizer, state, pending)
+            # A grad_scale already on the optimizer is multiplied in, as torch does.
+            user_scale = getattr(optimizer, "grad_scale", None)
+            grad_scale = factors.grad_scale
+            if user_scale is not None:
+                grad_scale = user_scale if grad_scale is None else grad_scale * user_scale
+            return ({"grad_scale": grad_scale, "clip_coef": factors.clip_coef} if ours
+                    else {"grad_scale": grad_scale})
+
+        _, retval = protocol.step_unless_overflow(
+            optimizer, lambda: optimizer.step(*args, **kwargs), found_inf, device_skip, attrs)
         return retval, found_per_device
 
 

@@ -64,7 +64,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["STEP", "CHECK", "NORMS", "takes_grad_scale", "torch_fused", "host_read_allowed",
-           "must_not_sync", "fused_check", "fused_norms"]
+           "must_not_sync", "fused_check", "fused_norms", "step_unless_overflow"]
 
 #: The protocol's names (single underscore, as torch's own
 #: ``_step_supports_amp_scaling``).
@@ -109,3 +109,45 @@ def fused_norms(optimizer: Any, norm_type: float, inv_scale: Tensor | None, allo
     """The optimizer's own read for the clip, when it has one."""
     norms = getattr(optimizer, NORMS, None)
     return None if norms is None else norms(norm_type, inv_scale, allow_fp16)
+
+
+_MISSING = object()
+
+
+def step_unless_overflow(optimizer: Any, step, found_inf: Tensor, device_skip: bool,
+                         attrs=None):
+    """The skip protocol, written once for torchext's Python (GradScaler's
+    fused and plain steps, the apex layer's ``amp.initialize`` optimizers;
+    C++'s is ``GradScaler::step``): returns ``(called, what step() returned)``.
+
+    Without ``device_skip`` the overflow is read on the host (one read of
+    ``found_inf``, a 0-d tensor summed over devices) and ``step`` is not
+    called when it is nonzero: an overflowed step is one the optimizer never
+    saw, as torch's scaler has it. With ``device_skip`` (no host read may
+    happen, or the optimizer decides the skip itself) ``step`` is always
+    called with ``optimizer.found_inf`` set, and skips on the device.
+    ``attrs()`` (called only when the step is: it may prepare it) gives the
+    attributes (``grad_scale``, ``clip_coef``) set on the optimizer for the
+    call; afterwards they are gone, as torch's scaler deletes them (a
+    ``grad_scale`` the user had set too), except when the step raised: then
+    the optimizer's own values are as they were."""
+    if not device_skip and found_inf.item():
+        return False, None
+    attrs = {} if attrs is None else attrs()
+    if device_skip:
+        attrs["found_inf"] = found_inf
+    before = {k: getattr(optimizer, k, _MISSING) for k in attrs}
+    for k, v in attrs.items():
+        setattr(optimizer, k, v)
+    try:
+        retval = step()
+    except BaseException:
+        for k, v in before.items():
+            if v is _MISSING:
+                delattr(optimizer, k)
+            else:
+                setattr(optimizer, k, v)
+        raise
+    for k in attrs:
+        delattr(optimizer, k)
+    return True, retval

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from ..._compile_compat import is_marked_not_wrapped
 from ._amp_state import _amp_state
+from .. import protocol
 from ._casting import HALF_DTYPES
 
 
@@ -57,27 +58,24 @@ def _amp_step(self, *args, **kwargs):
             "optimizer.step() without a closure after the amp.scale_loss block.")
     if pending is None:
         out = base.step(self, *args, **kwargs)
-    elif stash.device_skip:
-        # The optimizer skips on the device when found_inf != 0 (the grads
-        # are already unscaled, so no grad_scale): no host sync.
-        self.found_inf = pending
-        try:
-            out = base.step(self, *args, **kwargs)
-        finally:
-            del self.found_inf
-        if _amp_state.verbosity >= 2 and pending.item():
-            print("torchext.amp: gradient overflow, step skipped")
-    elif pending.item():  # one host sync, as apex and torch's GradScaler
-        out = None  # skipped; an LR scheduler's wrapper (outside) still saw the call
-        if is_marked_not_wrapped(base.step):
-            # This optimizer records the call for LR schedulers in its own
-            # step() (so they do not wrap it), which did not run: record it.
-            self._opt_called = True
-        if _amp_state.verbosity >= 1:
-            print("torchext.amp: gradient overflow, skipping step; loss scale(s) now "
-                  + ", ".join(f"{s.loss_scale():g}" for s in _amp_state.loss_scalers))
     else:
-        out = base.step(self, *args, **kwargs)
+        # The scaler's skip protocol (the grads are already unscaled, so no
+        # grad_scale): an optimizer that skips on the device gets found_inf,
+        # any other is not called on an overflow (one host read, as apex and
+        # torch's GradScaler).
+        called, out = protocol.step_unless_overflow(
+            self, lambda: base.step(self, *args, **kwargs), pending, stash.device_skip)
+        if stash.device_skip:
+            if _amp_state.verbosity >= 2 and pending.item():
+                print("torchext.amp: gradient overflow, step skipped")
+        elif not called:  # skipped; an LR scheduler's wrapper (outside) still saw the call
+            if is_marked_not_wrapped(base.step):
+                # This optimizer records the call for LR schedulers in its own
+                # step() (so they do not wrap it), which did not run: record it.
+                self._opt_called = True
+            if _amp_state.verbosity >= 1:
+                print("torchext.amp: gradient overflow, skipping step; loss scale(s) now "
+                      + ", ".join(f"{s.loss_scale():g}" for s in _amp_state.loss_scalers))
     if stash.master_pairs:
         with torch.no_grad():
             # rounded to the model's dtype
