@@ -876,3 +876,33 @@ TEST(ClipGradNorm, DropInMatchesLibTorchs) {
   EXPECT_THROW_MSG(torchext::nn::utils::clip_grad_norm_({w, m}, 1.0), "dtype");
   EXPECT_TRUE(torch::equal(w.grad(), torch::full({2}, 3.0f)));
 }
+
+// Two devices whose found_inf is summed: a step that skips on the device
+// gets it clamped to 1 (torch's fused kernels skip only when found_inf == 1),
+// as Python's scaler does. GPU only (CPU and CUDA parameters).
+TEST(GradScaler, FoundInfOfTwoDevicesIsClampedForADeviceSkip) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (!c10::Dispatcher::singleton().findSchemaOrThrow("torchext::asgd_", "")
+           .hasKernelForDispatchKey(c10::DispatchKey::CUDA)) {
+    GTEST_SKIP() << "torchext was built without CUDA kernels (TORCHEXT_CUDA=OFF)";
+  }
+  auto a = torch::ones({3}).requires_grad_();
+  auto b = torch::ones({3}, torch::kCUDA).requires_grad_();
+  struct Seen : torchext::optim::ASGD {
+    using ASGD::ASGD;
+    torch::Tensor found;
+    torch::Tensor step_with_amp(const torch::Tensor& g, const torch::Tensor& f,
+                                const torch::Tensor& c) override {
+      found = f.clone();
+      return ASGD::step_with_amp(g, f, c);
+    }
+  } opt({a, b}, torchext::optim::ASGDOptions(0.1).capturable(true));
+  GradScaler scaler(GradScalerOptions().init_scale(4));
+  scaler.scale((a.sum() + b.sum().cpu()) * std::numeric_limits<float>::infinity()).backward();
+  scaler.step(opt);  // both devices overflow: 1 + 1, clamped
+  ASSERT_TRUE(opt.found.defined());
+  EXPECT_EQ(opt.found.item<float>(), 1.0f);
+  EXPECT_TRUE(torch::equal(a, torch::ones({3})));
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 2.0);
+}
