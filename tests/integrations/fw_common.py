@@ -186,15 +186,16 @@ def params(model: torch.nn.Module) -> list:
 
 
 #: Fields of a run's record and final state that torchext's fused clip may
-#: change: the clip coefficient folded into the step's combined scale rounds
-#: once where torch's recipe rounds twice (unscale, then multiply), so a
-#: clipped gradient can differ by one fp32 rounding (about 1.2e-7 relative;
-#: test_accelerate checks one step to that). Under fp16 autocast a later
-#: forward can then round an activation the other way (fp16: 4.9e-4
-#: relative), so over a run single elements drift further: the HF Trainer's
-#: GPT-2 ends with one parameter 1.25e-6 apart (1e-4 of it) and a norm
-#: 8.7e-6 relative apart. The norm itself is a sum in another order.
-#: Everything else (skips, step() calls, scale, LR) stays bit for bit.
+#: change: the norm is a sum in another order (so the coefficient can differ
+#: in its last bit), and torch's fused optimizers divide by one folded
+#: factor, scale / coef, where torch's recipe rounds twice (unscale, then
+#: multiply): a clipped gradient can differ by one fp32 rounding (about
+#: 1.2e-7 relative; test_accelerate checks one step to that). Under fp16
+#: autocast a later forward can then round an activation the other way
+#: (fp16: 4.9e-4 relative), so over a run single elements drift further: the
+#: HF Trainer's GPT-2 ends with one parameter 1.25e-6 apart (1e-4 of it) and
+#: a norm 8.7e-6 relative apart. Everything else (skips, step() calls,
+#: scale, LR) stays bit for bit.
 CLOSE_FIELDS = ("loss", "norm", "params", "opt")
 FOLD_RTOL, FOLD_ATOL = 1e-4, 1e-5
 
