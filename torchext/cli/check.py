@@ -141,7 +141,8 @@ def _asgd_lists(dtype, device, gen, rng, n=4):
 
 # ---------------------------------------------------------------- checks
 
-def _asgd_vs_torch(device, gen, rng, tally, tensor_lr, dtype, grad_scale=None, packed=False):
+def _asgd_vs_torch(device, gen, rng, tally, tensor_lr, dtype, grad_scale=None, packed=False,
+                   clip_coef=None):
     params, axs, mus, etas, steps, shapes, lay = _asgd_lists(dtype, device, gen, rng)
     lr = rng.choice([0.01, 0.05])
     kw = dict(lambd=1e-4, alpha=0.75, t0=1.0, weight_decay=rng.choice([0.0, 0.01]),
@@ -157,6 +158,9 @@ def _asgd_vs_torch(device, gen, rng, tally, tensor_lr, dtype, grad_scale=None, p
     if grad_scale is not None:
         extra["grad_scale"] = torch.tensor(grad_scale, device=device)
         inv = torch.tensor(1.0 / grad_scale, dtype=torch.float32, device=device)
+    coef = None
+    if clip_coef is not None:
+        coef = extra["clip_coef"] = torch.tensor(clip_coef, device=device)
     if packed:  # one 1-D tensor each; the 0-d entries become views of its elements
         bufs = [torch.stack(lst) for lst in (mus, etas, steps)]
         mus, etas, steps = (list(b.unbind(0)) for b in bufs)
@@ -165,6 +169,8 @@ def _asgd_vs_torch(device, gen, rng, tally, tensor_lr, dtype, grad_scale=None, p
         ref_grads = [g.to(ref_dtype) for g in grads]
         if inv is not None:  # GradScaler.unscale_'s math: multiply by the float32 inverse
             ref_grads = [g * inv for g in grads]
+        if coef is not None:  # then clip_grad_norm_'s multiply by its coefficient
+            ref_grads = [g * coef for g in ref_grads]
         torch_asgd(ref[0], ref_grads, *ref[1:], foreach=False, lr=lr, **kw)
         # The op's lr: a float32 tensor on the device (read there), or a
         # float64 CPU tensor (what a float lr becomes: read on the host).
@@ -206,10 +212,14 @@ def check_asgd_packed(device, gen, rng, tally):
 
 
 def check_asgd_grad_scale(device, gen, rng, tally):
-    """asgd_ with grad_scale (unscaled on the fly) vs unscale-then-step, and
-    found_inf=1 leaving every tensor bit-identical."""
+    """asgd_ with grad_scale (unscaled on the fly) and clip_coef (then
+    clipped) vs torch's recipe (unscale_, clip's multiply, step), at the
+    largest scale torch's scaler reaches (2**127, where scale / coef
+    overflows float32), and found_inf=1 leaving every tensor bit-identical."""
     for dtype in (torch.float32, torch.float64, torch.complex64):
         _asgd_vs_torch(device, gen, rng, tally, rng.random() < 0.5, dtype, grad_scale=3.0)
+        _asgd_vs_torch(device, gen, rng, tally, rng.random() < 0.5, dtype,
+                       grad_scale=2.0 ** 127, clip_coef=rng.choice([0.25, 1e-3, 2e-38]))
     params, axs, mus, etas, steps, shapes, lay = _asgd_lists(torch.float32, device, gen, rng)
     grads = [_tensor(s, torch.float32, device, gen, la) for s, la in zip(shapes, lay)]
     lists = [params, axs, mus, etas, steps]
@@ -259,15 +269,21 @@ def check_check_finite(device, gen, rng, tally):
 
 
 def check_unscale(device, gen, rng, tally):
-    """unscale_ vs torch._amp_foreach_non_finite_check_and_unscale_ (GradScaler's kernel)."""
+    """unscale_ vs torch._amp_foreach_non_finite_check_and_unscale_ (GradScaler's
+    kernel), and with clip_coef vs that kernel then clip_grad_norm_'s multiply
+    (each rounded to the gradient's dtype, as torch's recipe stores them)."""
     for trial in range(6):
         grads = _amp_grads(device, gen, rng)
         if trial % 2:
             _poison(grads, rng)
         ref = [g.clone() for g in grads]
-        inv = torch.tensor(1.0 / rng.choice([3.0, 1024.0, 65536.0]), device=device)
+        inv = torch.tensor(1.0 / rng.choice([3.0, 1024.0, 65536.0, 2.0 ** 127]), device=device)
+        coef = None
+        if trial >= 2:
+            coef = torch.tensor(rng.choice([0.3, 1e-3, 2e-38]), device=device,
+                                dtype=rng.choice([torch.float32, torch.float64]))
         found, ref_found = torch.zeros((), device=device), torch.zeros((), device=device)
-        ops.unscale_(grads, found, inv)
+        ops.unscale_(grads, found, inv, coef)
         by_dtype = {}
         for r in ref:  # torch's kernel wants one dtype per call
             by_dtype.setdefault(r.dtype, []).append(r)
@@ -281,6 +297,8 @@ def check_unscale(device, gen, rng, tally):
                 torch._amp_foreach_non_finite_check_and_unscale_(up, ref_found, inv)
                 for r, u in zip(group, up):
                     r.copy_(u)
+            if coef is not None:
+                torch._foreach_mul_(group, coef)
         tally.case()
         tally.exact("found_inf", found, ref_found)
         for i, (g, r) in enumerate(zip(grads, ref)):
@@ -465,7 +483,7 @@ CHECKS = [
     ("asgd_ (float lr)", check_asgd_float_lr, None),
     ("asgd_ (tensor lr)", check_asgd_tensor_lr, None),
     ("asgd_ (packed state)", check_asgd_packed, None),
-    ("asgd_ grad_scale/found_inf", check_asgd_grad_scale, None),
+    ("asgd_ grad_scale/found_inf/clip_coef", check_asgd_grad_scale, None),
     ("check_finite_", check_check_finite, None),
     ("unscale_", check_unscale, None),
     ("tensor_norms", check_tensor_norms, None),
