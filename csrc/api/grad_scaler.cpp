@@ -19,7 +19,6 @@ namespace {
 
 using api::check_finite_op;
 using api::unscale_op;
-using api::update_scale_op;
 
 // The gradients of an optimizer (every group), grouped by device, each with
 // a fresh found_inf on its device.
@@ -45,16 +44,14 @@ FoundInf found_infs(std::vector<DeviceGrads>& per_device) {
   return out;
 }
 
-// The options' rules are update_scale_'s own (checked here on 0-d
-// stand-ins for the state), plus a finite init_scale > 0 (Python's
-// check_options in torchext/amp/_checkpoint.py: the same rules).
+// The options' rules are update_scale_'s (check_update_scale_settings), plus
+// a finite init_scale > 0 (Python's check_options in
+// torchext/amp/_checkpoint.py: the same rules).
 void validate(const GradScalerOptions& o) {
   TORCH_CHECK_VALUE(std::isfinite(o.init_scale()) && o.init_scale() > 0.0,
                     "GradScaler: init_scale (the scale) must be > 0 and finite, got ",
                     o.init_scale());
-  const auto f = at::zeros({}, at::kFloat), i = at::zeros({}, at::kInt);
-  check_update_scale_args(f, i, i, f, o.growth_factor(), o.backoff_factor(),
-                          o.growth_interval(), o.hysteresis(), o.min_scale(), o.max_scale());
+  check_update_scale_settings(UpdateScaleSettings::from(o));
 }
 
 }  // namespace
@@ -263,10 +260,11 @@ void GradScaler::update() {
       found_inf.add_(f.to(scale_.device(), /*non_blocking=*/true));
     }
   }
-  update_scale_op().call(scale_, growth_tracker_, hysteresis_tracker_, found_inf,
-                         options_.growth_factor(), options_.backoff_factor(),
-                         options_.growth_interval(), options_.hysteresis(),
-                         options_.min_scale(), options_.max_scale());
+  call_update_scale({.scale = scale_,
+                     .growth_tracker = growth_tracker_,
+                     .hysteresis_tracker = hysteresis_tracker_,
+                     .found_inf = found_inf,
+                     .settings = UpdateScaleSettings::from(options_)});
   last_step_skipped_ = found_inf != 0;
   skipped_steps_.add_(last_step_skipped_);
   per_optimizer_.clear();
