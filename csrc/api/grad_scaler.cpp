@@ -54,6 +54,15 @@ void validate(const GradScalerOptions& o) {
   check_update_scale_settings(UpdateScaleSettings::from(o));
 }
 
+// The skip record (0-d bool, false: nothing skipped yet) on the scale's
+// device, when there is none: with the rest of the state (ensure_state), or
+// after load(), which restores the rest (a checkpoint holds no skip record).
+void ensure_skip_record(torch::Tensor& last_step_skipped, const torch::Tensor& scale) {
+  if (!last_step_skipped.defined()) {
+    last_step_skipped = at::zeros({}, scale.options().dtype(at::kBool));
+  }
+}
+
 }  // namespace
 
 GradScaler::GradScaler(GradScalerOptions options) : options_(std::move(options)) {
@@ -75,6 +84,7 @@ void GradScaler::ensure_state(const c10::Device& device) {
     skipped_steps_ = skipped_steps_.to(device);
     if (last_step_skipped_.defined()) last_step_skipped_ = last_step_skipped_.to(device);
   }
+  ensure_skip_record(last_step_skipped_, scale_);
   state_movable_ = false;
 }
 
@@ -260,13 +270,16 @@ void GradScaler::update() {
       found_inf.add_(f.to(scale_.device(), /*non_blocking=*/true));
     }
   }
+  ensure_skip_record(last_step_skipped_, scale_);  // load() restores no skip record
+  // One op, as Python's GradScaler.update: the scale's update and the skip
+  // record (last_step_skipped = found_inf != 0, skipped_steps += it), in place.
   call_update_scale({.scale = scale_,
                      .growth_tracker = growth_tracker_,
                      .hysteresis_tracker = hysteresis_tracker_,
                      .found_inf = found_inf,
+                     .last_step_skipped = last_step_skipped_,
+                     .skipped_steps = skipped_steps_,
                      .settings = UpdateScaleSettings::from(options_)});
-  last_step_skipped_ = found_inf != 0;
-  skipped_steps_.add_(last_step_skipped_);
   per_optimizer_.clear();
 }
 
