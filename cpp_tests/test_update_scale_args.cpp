@@ -4,7 +4,6 @@
 // call (call_update_scale, settings by name) against Python's keyword call of
 // both overloads (make_reference.py, update_scale_ref.pt), bit for bit.
 // Compiled with the library's op sources (the library keeps them hidden).
-#include "../csrc/ops/amp.h"
 #include "../csrc/ops/update_scale_args.h"
 #include "common.h"
 
