@@ -33,6 +33,11 @@ Everything is produced by PyTorch itself at test time (nothing is committed):
   unfused_ref.pt  torchext.optim.ASGD(fused=False) (reference_asgd and
                   _create_state) over options, tensor lr, grad_scale/found_inf,
                   capturable, complex: the C++ unfused step must match bit for bit.
+  update_scale_ref.pt  update_scale_ and update_scale_.counted called from
+                  Python by keyword, with settings that no swap leaves alone
+                  (op/...), and torchext.amp.GradScaler + torch's SGD with the
+                  same settings through overflows (scaler/...): the C++
+                  call_update_scale and GradScaler::update must match bit for bit.
   split_ref.pt    ASGD's split of a group into op calls, one per device and
                   t0 (the slot groups Python builds), in Python's order: the
                   C++ split (index_by_device_and_t0) must give the same.
@@ -467,6 +472,67 @@ def scaler_checkpoint_reference(out):
     torch.save(ref, os.path.join(out, "ckpt_scaler_ref.pt"))
 
 
+# ---- update_scale_'s settings: Python's keyword calls vs C++ (test_update_scale_args.cpp,
+# test_grad_scaler.cpp) ----------------------------------------------------------
+# Every two settings differ (a swap of two changes the result or is refused).
+UPDATE_SCALE_SETTINGS = dict(growth_factor=4.0, backoff_factor=0.25, growth_interval=3,
+                             hysteresis=2, min_scale=2.0 ** 4, max_scale=2.0 ** 14)
+UPDATE_SCALE_STEPS = 40
+UPDATE_SCALE_OVERFLOW_AT = (2, 3, 4, 9, 10, 11, 12, 13, 14, 20, 31)
+
+
+def update_scale_reference(out):
+    """The op through Python's keyword call (names bound by the schema), and
+    torchext's GradScaler with the same settings as options."""
+    from torchext.amp import GradScaler
+    ops = torch.ops.torchext
+    found = torch.zeros(UPDATE_SCALE_STEPS)
+    found[list(UPDATE_SCALE_OVERFLOW_AT)] = 1.0
+    found[UPDATE_SCALE_OVERFLOW_AT[-1]] = 2.0  # found_inf counts overflows
+    ref = {"op/found": found}
+    for key, value in UPDATE_SCALE_SETTINGS.items():
+        ref[key] = torch.tensor(value, dtype=torch.float64)
+    scale, growth = torch.tensor(2.0 ** 10), torch.tensor(0, dtype=torch.int32)
+    hyst = torch.tensor(UPDATE_SCALE_SETTINGS["hysteresis"], dtype=torch.int32)
+    skipped, count = torch.tensor(False), torch.tensor(0, dtype=torch.int64)
+    plain = [scale.clone(), growth.clone(), hyst.clone()]
+    rows = {k: [] for k in ("scale", "growth_tracker", "hysteresis_tracker", "last_step_skipped",
+                            "skipped_steps", "plain_scale", "plain_growth_tracker",
+                            "plain_hysteresis_tracker")}
+    ref["op/init_scale"] = scale.clone()
+    for f in found:
+        ops.update_scale_.counted(scale=scale, growth_tracker=growth, hysteresis_tracker=hyst,
+                                  found_inf=f.clone(), last_step_skipped=skipped,
+                                  skipped_steps=count, **UPDATE_SCALE_SETTINGS)
+        ops.update_scale_(*plain, f.clone(), **UPDATE_SCALE_SETTINGS)
+        for key, t in (("scale", scale), ("growth_tracker", growth), ("hysteresis_tracker", hyst),
+                       ("last_step_skipped", skipped), ("skipped_steps", count),
+                       ("plain_scale", plain[0]), ("plain_growth_tracker", plain[1]),
+                       ("plain_hysteresis_tracker", plain[2])):
+            rows[key].append(t.clone())
+    for key, ts in rows.items():
+        ref["op/" + key] = torch.stack(ts)
+    # The scaler: inf in the data at the overflow steps (torch's SGD: the
+    # scale depends on the overflows only).
+    w0, xs = scaler_data(UPDATE_SCALE_STEPS, UPDATE_SCALE_OVERFLOW_AT, seed=5)
+    w = w0.clone().requires_grad_()
+    opt = torch.optim.SGD([w], lr=0.05)
+    scaler = GradScaler("cpu", init_scale=2.0 ** 10, **UPDATE_SCALE_SETTINGS)
+    scales, skips = [], []
+    for s in range(UPDATE_SCALE_STEPS):
+        opt.zero_grad()
+        scaler.scale(0.5 * (w * xs[s]).pow(2).sum()).backward()
+        scaler.step(opt)
+        scaler.update()
+        scales.append(scaler.get_scale())
+        skips.append(scaler.was_step_skipped())
+    ref.update({"scaler/w0": w0, "scaler/xs": xs,
+                "scaler/scales": torch.tensor(scales, dtype=torch.float64),
+                "scaler/skipped": torch.tensor(skips),
+                "scaler/num_skipped": torch.tensor(scaler.num_skipped_steps())})
+    torch.save(ref, os.path.join(out, "update_scale_ref.pt"))
+
+
 # ---- the scaler's fused-step protocol: torchext's scaler + torchext's ASGD ---
 
 PROTOCOL_VARIANTS = ("plain", "capturable", "unscale_first")
@@ -840,6 +906,7 @@ def main(argv):
     clip_edges_reference(out)
     unfused_reference(out)
     split_reference(out)
+    update_scale_reference(out)
     corrupt_reference(out)
     torchscript_reference(out)
     checkpoint_reference(out)

@@ -708,11 +708,6 @@ TEST(CudaOnHost, CheckFiniteAndUnscaleProductionShape) {
 // update_scale_
 
 TEST(CudaOnHost, UpdateScale) {
-  static const auto op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("torchext::update_scale_", "")
-          .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                      double, double, int64_t, int64_t, std::optional<double>,
-                      std::optional<double>)>();
   int cases = 0;
   HostRunner<> runner;
   runner.set_op("update_scale_: ");
@@ -721,8 +716,9 @@ TEST(CudaOnHost, UpdateScale) {
       for (int growth : {0, 1, 1999}) {
         for (int hyst : {0, 1, 2}) {
           for (int64_t hysteresis : {1, 2}) {
-            for (auto [lo, hi] : {std::pair<std::optional<double>, std::optional<double>>{},
-                                  {1.0, 65536.0 * 2}}) {
+            for (auto [lo, hi] : {std::pair{torchext::UpdateScaleSettings::kNoMinScale,
+                                            torchext::UpdateScaleSettings::kNoMaxScale},
+                                  std::pair{1.0, 65536.0 * 2}}) {
               at::Tensor s[2], g[2], h[2];
               const at::Tensor f = at::full({}, found, at::kFloat);
               for (int k = 0; k < 2; ++k) {
@@ -730,9 +726,21 @@ TEST(CudaOnHost, UpdateScale) {
                 g[k] = at::full({}, growth, at::kInt);
                 h[k] = at::full({}, hyst, at::kInt);
               }
-              torchext::kernels::update_scale_launch(s[0], g[0], h[0], f, 2.0, 0.5, 2000,
-                                                     hysteresis, lo, hi, runner);
-              op.call(s[1], g[1], h[1], f, 2.0, 0.5, 2000, hysteresis, lo, hi);
+              const torchext::UpdateScaleSettings settings{
+                  .growth_factor = 2.0,
+                  .backoff_factor = 0.5,
+                  .growth_interval = 2000,
+                  .hysteresis = hysteresis,
+                  .min_scale = lo,
+                  .max_scale = hi};
+              torchext::kernels::update_scale_launch(
+                  {.scale = s[0], .growth_tracker = g[0], .hysteresis_tracker = h[0],
+                   .found_inf = f, .settings = settings},
+                  runner);
+              // The CPU kernel, through the dispatcher.
+              torchext::call_update_scale({.scale = s[1], .growth_tracker = g[1],
+                                           .hysteresis_tracker = h[1], .found_inf = f,
+                                           .settings = settings});
               EXPECT_TRUE(same_bits(s[0], s[1], "scale"));
               EXPECT_TRUE(same_bits(g[0], g[1], "growth_tracker"));
               EXPECT_TRUE(same_bits(h[0], h[1], "hysteresis_tracker"));

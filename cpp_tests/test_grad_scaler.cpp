@@ -125,6 +125,43 @@ TEST(GradScaler, HysteresisAndClampsFollowTheRule) {
   }
 }
 
+TEST(GradScaler, SettingsReachTheOpByName) {
+  // Every two settings differ (make_reference.py's UPDATE_SCALE_SETTINGS):
+  // update() passing two of them swapped gives another trajectory (or is
+  // refused), against Python's torchext GradScaler with the same options.
+  const auto ref = load_ref("update_scale_ref.pt");
+  const auto num = [&](const char* key) { return R(ref, key).item<double>(); };
+  auto w = R(ref, "scaler/w0").clone().requires_grad_();
+  torch::optim::SGD opt({w}, 0.05);
+  GradScaler scaler(GradScalerOptions()
+                        .init_scale(1024.0)
+                        .growth_factor(num("growth_factor"))
+                        .backoff_factor(num("backoff_factor"))
+                        .growth_interval(R(ref, "growth_interval").item<int64_t>())
+                        .hysteresis(R(ref, "hysteresis").item<int64_t>())
+                        .min_scale(num("min_scale"))
+                        .max_scale(num("max_scale")));
+  const auto xs = R(ref, "scaler/xs");
+  const auto scales = R(ref, "scaler/scales");
+  const auto skipped = R(ref, "scaler/skipped");
+  for (int64_t s = 0; s < xs.size(0); ++s) {
+    opt.zero_grad();
+    scaler.scale(0.5 * (w * xs[s]).pow(2).sum()).backward();
+    // The skip record exists with the state, on its device, before any update.
+    ASSERT_TRUE(scaler.last_step_skipped().defined());
+    EXPECT_EQ(scaler.last_step_skipped().scalar_type(), torch::kBool);
+    EXPECT_EQ(scaler.last_step_skipped().dim(), 0);
+    if (s == 0) EXPECT_FALSE(scaler.last_step_skipped().item<bool>());
+    const auto record = scaler.last_step_skipped();
+    scaler.step(opt);
+    scaler.update();
+    EXPECT_TRUE(scaler.last_step_skipped().is_same(record)) << "written in place";
+    ASSERT_EQ(scaler.get_scale(), scales[s].item<double>()) << "step " << s;
+    ASSERT_EQ(scaler.last_step_skipped().item<bool>(), skipped[s].item<bool>()) << "step " << s;
+  }
+  EXPECT_EQ(scaler.num_skipped_steps(), R(ref, "scaler/num_skipped").item<int64_t>());
+}
+
 TEST(GradScaler, DisabledIsAPassThrough) {
   auto w = torch::ones({2}).requires_grad_();
   torch::optim::SGD opt({w}, 0.5);
@@ -171,6 +208,32 @@ TEST(GradScaler, SaveLoadRoundTrip) {
   EXPECT_EQ(b.get_scale(), 64.0);
   EXPECT_EQ(b.options().growth_interval(), 3);
   EXPECT_EQ(b.options().hysteresis(), 2);
+}
+
+TEST(GradScaler, SkipRecordAfterLoadingIntoAScalerWithoutState) {
+  // A checkpoint holds no last_step_skipped: load() into a scaler that has
+  // no state restores the rest, and update() still records the skip (here
+  // with no scale() in between: the grads were never scaled).
+  auto w = torch::ones({2}).requires_grad_();
+  torch::optim::SGD opt({w}, 0.5);
+  GradScaler a(GradScalerOptions().init_scale(64));
+  std::stringstream stream;
+  a.scale(w.sum()).backward();
+  a.step(opt);
+  a.update();
+  torch::save(a, stream);
+  GradScaler b;
+  torch::load(b, stream);
+  EXPECT_FALSE(b.last_step_skipped().defined());
+  opt.zero_grad();
+  (w * std::numeric_limits<float>::infinity()).sum().backward();
+  b.step(opt);
+  b.update();
+  ASSERT_TRUE(b.last_step_skipped().defined());
+  EXPECT_TRUE(b.last_step_skipped().item<bool>());
+  EXPECT_EQ(b.last_step_skipped().device(), b.scale_tensor().device());
+  EXPECT_EQ(b.num_skipped_steps(), 1);
+  EXPECT_EQ(b.get_scale(), 64.0 * 0.5);
 }
 
 TEST(GradScalerBadInput, ClearErrorsAndNoChange) {

@@ -19,7 +19,6 @@ namespace {
 
 using api::check_finite_op;
 using api::unscale_op;
-using api::update_scale_op;
 
 // The gradients of an optimizer (every group), grouped by device, each with
 // a fresh found_inf on its device.
@@ -45,16 +44,23 @@ FoundInf found_infs(std::vector<DeviceGrads>& per_device) {
   return out;
 }
 
-// The options' rules are update_scale_'s own (checked here on 0-d
-// stand-ins for the state), plus a finite init_scale > 0 (Python's
-// check_options in torchext/amp/_checkpoint.py: the same rules).
+// The options' rules are update_scale_'s (check_update_scale_settings), plus
+// a finite init_scale > 0 (Python's check_options in
+// torchext/amp/_checkpoint.py: the same rules).
 void validate(const GradScalerOptions& o) {
   TORCH_CHECK_VALUE(std::isfinite(o.init_scale()) && o.init_scale() > 0.0,
                     "GradScaler: init_scale (the scale) must be > 0 and finite, got ",
                     o.init_scale());
-  const auto f = at::zeros({}, at::kFloat), i = at::zeros({}, at::kInt);
-  check_update_scale_args(f, i, i, f, o.growth_factor(), o.backoff_factor(),
-                          o.growth_interval(), o.hysteresis(), o.min_scale(), o.max_scale());
+  check_update_scale_settings(UpdateScaleSettings::from(o));
+}
+
+// The skip record (0-d bool, false: nothing skipped yet) on the scale's
+// device, when there is none: with the rest of the state (ensure_state), or
+// after load(), which restores the rest (a checkpoint holds no skip record).
+void ensure_skip_record(torch::Tensor& last_step_skipped, const torch::Tensor& scale) {
+  if (!last_step_skipped.defined()) {
+    last_step_skipped = at::zeros({}, scale.options().dtype(at::kBool));
+  }
 }
 
 }  // namespace
@@ -78,6 +84,7 @@ void GradScaler::ensure_state(const c10::Device& device) {
     skipped_steps_ = skipped_steps_.to(device);
     if (last_step_skipped_.defined()) last_step_skipped_ = last_step_skipped_.to(device);
   }
+  ensure_skip_record(last_step_skipped_, scale_);
   state_movable_ = false;
 }
 
@@ -307,12 +314,16 @@ void GradScaler::update() {
       found_inf.add_(f.to(scale_.device(), /*non_blocking=*/true));
     }
   }
-  update_scale_op().call(scale_, growth_tracker_, hysteresis_tracker_, found_inf,
-                         options_.growth_factor(), options_.backoff_factor(),
-                         options_.growth_interval(), options_.hysteresis(),
-                         options_.min_scale(), options_.max_scale());
-  last_step_skipped_ = found_inf != 0;
-  skipped_steps_.add_(last_step_skipped_);
+  ensure_skip_record(last_step_skipped_, scale_);  // load() restores no skip record
+  // One op, as Python's GradScaler.update: the scale's update and the skip
+  // record (last_step_skipped = found_inf != 0, skipped_steps += it), in place.
+  call_update_scale({.scale = scale_,
+                     .growth_tracker = growth_tracker_,
+                     .hysteresis_tracker = hysteresis_tracker_,
+                     .found_inf = found_inf,
+                     .last_step_skipped = last_step_skipped_,
+                     .skipped_steps = skipped_steps_,
+                     .settings = UpdateScaleSettings::from(options_)});
   per_optimizer_.clear();
 }
 

@@ -1,6 +1,7 @@
 // The C++ front end's typed handles of the AMP and norm ops, looked up once in
-// the dispatcher (asgd_ has its own: asgd_op in ../ops/asgd_args.h). Calls
-// through them dispatch exactly as Python's torch.ops.torchext.<op>.
+// the dispatcher (asgd_ has its own: asgd_op in ../ops/asgd_args.h, and
+// update_scale_ its call: call_update_scale in ../ops/update_scale_args.h).
+// Calls through them dispatch exactly as Python's torch.ops.torchext.<op>.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -15,9 +16,6 @@ namespace api {
 using CheckFiniteOp = void(at::TensorList, const at::Tensor&);
 using UnscaleOp = void(at::TensorList, const at::Tensor&, const at::Tensor&,
                        const std::optional<at::Tensor>&);
-using UpdateScaleOp = void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                           const at::Tensor&, double, double, int64_t, int64_t,
-                           std::optional<double>, std::optional<double>);
 using TensorNormsOp = at::Tensor(at::TensorList, double, const std::optional<at::Tensor>&,
                                  const std::optional<at::Tensor>&);
 
@@ -31,10 +29,6 @@ inline const c10::TypedOperatorHandle<CheckFiniteOp>& check_finite_op() {
 }
 inline const c10::TypedOperatorHandle<UnscaleOp>& unscale_op() {
   static const auto op = find_op<UnscaleOp>("torchext::unscale_");
-  return op;
-}
-inline const c10::TypedOperatorHandle<UpdateScaleOp>& update_scale_op() {
-  static const auto op = find_op<UpdateScaleOp>("torchext::update_scale_");
   return op;
 }
 inline const c10::TypedOperatorHandle<TensorNormsOp>& tensor_norms_op() {

@@ -65,74 +65,53 @@ void check_unscale_args(at::TensorList tensors, const at::Tensor& found_inf,
   }
 }
 
-void check_update_scale_args(const at::Tensor& scale, const at::Tensor& growth_tracker,
-                             const at::Tensor& hysteresis_tracker, const at::Tensor& found_inf,
-                             double growth_factor, double backoff_factor, int64_t growth_interval,
-                             int64_t hysteresis, std::optional<double> min_scale,
-                             std::optional<double> max_scale) {
+namespace {
+
+// One of update_scale_'s 1-element state tensors: defined, of its dtype
+// (`kind`: "a float32"), on the scale's device.
+void check_state_tensor(const char* name, const at::Tensor& t, at::ScalarType dtype,
+                        const char* kind, const at::Tensor& scale) {
   const char* op = "update_scale_";
-  TORCH_CHECK_TYPE(scale.scalar_type() == at::kFloat, op,
-                   ": scale must be a float32 tensor, got ", scale.scalar_type());
-  TORCH_CHECK_VALUE(scale.numel() == 1, op, ": scale must hold exactly one element, got shape ",
-                    scale.sizes());
-  const c10::Device device = scale.device();
-  TORCH_CHECK_TYPE(growth_tracker.scalar_type() == at::kInt, op,
-                   ": growth_tracker must be an int32 tensor, got ", growth_tracker.scalar_type());
-  TORCH_CHECK_VALUE(growth_tracker.numel() == 1, op,
-                    ": growth_tracker must hold exactly one element, got shape ",
-                    growth_tracker.sizes());
-  TORCH_CHECK(growth_tracker.device() == device, op, ": growth_tracker is on ",
-              growth_tracker.device(), " but scale is on ", device);
-  TORCH_CHECK_TYPE(hysteresis_tracker.scalar_type() == at::kInt, op,
-                   ": hysteresis_tracker must be an int32 tensor, got ",
-                   hysteresis_tracker.scalar_type());
-  TORCH_CHECK_VALUE(hysteresis_tracker.numel() == 1, op,
-                    ": hysteresis_tracker must hold exactly one element, got shape ",
-                    hysteresis_tracker.sizes());
-  TORCH_CHECK(hysteresis_tracker.device() == device, op, ": hysteresis_tracker is on ",
-              hysteresis_tracker.device(), " but scale is on ", device);
-  check_found_inf(op, found_inf, device);
-  TORCH_CHECK_VALUE(growth_factor > 1.0 && std::isfinite(growth_factor), op,
-                    ": growth_factor must be > 1 and finite, got ", growth_factor);
-  TORCH_CHECK_VALUE(backoff_factor > 0.0 && backoff_factor < 1.0, op,
-                    ": backoff_factor must be in (0, 1), got ", backoff_factor);
-  TORCH_CHECK_VALUE(growth_interval >= 1, op, ": growth_interval must be >= 1, got ",
-                    growth_interval);
-  TORCH_CHECK_VALUE(hysteresis >= 1, op, ": hysteresis must be >= 1, got ", hysteresis);
-  const double lo = min_scale.value_or(0.0);
-  TORCH_CHECK_VALUE(std::isfinite(lo), op, ": min_scale must be finite, got ", lo);
-  const double hi = max_scale.value_or(std::numeric_limits<double>::infinity());
-  TORCH_CHECK_VALUE(!std::isnan(hi), op,
-                    ": max_scale must not be NaN (inf or None: no clamp), got ", hi);
-  TORCH_CHECK_VALUE(lo >= 0.0 && lo <= hi, op, ": need 0 <= min_scale <= max_scale, got min_scale=",
-                    lo, ", max_scale=", hi);
+  TORCH_CHECK(t.defined(), op, ": ", name, " is undefined");
+  TORCH_CHECK_TYPE(t.scalar_type() == dtype, op, ": ", name, " must be ", kind,
+                   " tensor, got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.numel() == 1, op, ": ", name, " must hold exactly one element, got shape ",
+                    t.sizes());
+  TORCH_CHECK(t.device() == scale.device(), op, ": ", name, " is on ", t.device(),
+              " but scale is on ", scale.device());
 }
 
-void check_update_scale_counted_args(
-    const at::Tensor& scale, const at::Tensor& growth_tracker,
-    const at::Tensor& hysteresis_tracker, const at::Tensor& found_inf,
-    const at::Tensor& last_step_skipped, const at::Tensor& skipped_steps, double growth_factor,
-    double backoff_factor, int64_t growth_interval, int64_t hysteresis,
-    std::optional<double> min_scale, std::optional<double> max_scale) {
-  check_update_scale_args(scale, growth_tracker, hysteresis_tracker, found_inf, growth_factor,
-                          backoff_factor, growth_interval, hysteresis, min_scale, max_scale);
+}  // namespace
+
+void check_update_scale_settings(const UpdateScaleSettings& s) {
   const char* op = "update_scale_";
-  const c10::Device device = scale.device();
-  TORCH_CHECK_TYPE(last_step_skipped.scalar_type() == at::kBool, op,
-                   ": last_step_skipped must be a bool tensor, got ",
-                   last_step_skipped.scalar_type());
-  TORCH_CHECK_VALUE(last_step_skipped.numel() == 1, op,
-                    ": last_step_skipped must hold exactly one element, got shape ",
-                    last_step_skipped.sizes());
-  TORCH_CHECK(last_step_skipped.device() == device, op, ": last_step_skipped is on ",
-              last_step_skipped.device(), " but scale is on ", device);
-  TORCH_CHECK_TYPE(skipped_steps.scalar_type() == at::kLong, op,
-                   ": skipped_steps must be an int64 tensor, got ", skipped_steps.scalar_type());
-  TORCH_CHECK_VALUE(skipped_steps.numel() == 1, op,
-                    ": skipped_steps must hold exactly one element, got shape ",
-                    skipped_steps.sizes());
-  TORCH_CHECK(skipped_steps.device() == device, op, ": skipped_steps is on ",
-              skipped_steps.device(), " but scale is on ", device);
+  TORCH_CHECK_VALUE(s.growth_factor > 1.0 && std::isfinite(s.growth_factor), op,
+                    ": growth_factor must be > 1 and finite, got ", s.growth_factor);
+  TORCH_CHECK_VALUE(s.backoff_factor > 0.0 && s.backoff_factor < 1.0, op,
+                    ": backoff_factor must be in (0, 1), got ", s.backoff_factor);
+  TORCH_CHECK_VALUE(s.growth_interval >= 1, op, ": growth_interval must be >= 1, got ",
+                    s.growth_interval);
+  TORCH_CHECK_VALUE(s.hysteresis >= 1, op, ": hysteresis must be >= 1, got ", s.hysteresis);
+  TORCH_CHECK_VALUE(std::isfinite(s.min_scale), op, ": min_scale must be finite, got ",
+                    s.min_scale);
+  TORCH_CHECK_VALUE(!std::isnan(s.max_scale), op,
+                    ": max_scale must not be NaN (inf or None: no clamp), got ", s.max_scale);
+  TORCH_CHECK_VALUE(s.min_scale >= 0.0 && s.min_scale <= s.max_scale, op,
+                    ": need 0 <= min_scale <= max_scale, got min_scale=", s.min_scale,
+                    ", max_scale=", s.max_scale);
+}
+
+void check_update_scale_args(const UpdateScaleArgs& a) {
+  check_state_tensor("scale", a.scale, at::kFloat, "a float32", a.scale);
+  check_state_tensor("growth_tracker", a.growth_tracker, at::kInt, "an int32", a.scale);
+  check_state_tensor("hysteresis_tracker", a.hysteresis_tracker, at::kInt, "an int32", a.scale);
+  TORCH_CHECK(a.found_inf.defined(), "update_scale_: found_inf is undefined");
+  check_found_inf("update_scale_", a.found_inf, a.scale.device());
+  check_update_scale_settings(a.settings);
+  if (a.counted()) {
+    check_state_tensor("last_step_skipped", a.last_step_skipped, at::kBool, "a bool", a.scale);
+    check_state_tensor("skipped_steps", a.skipped_steps, at::kLong, "an int64", a.scale);
+  }
 }
 
 }  // namespace torchext

@@ -207,35 +207,37 @@ struct ScaleUpdate {
 // - no overflow: growth_tracker += 1; at growth_interval the scale grows
 //   (never above max_scale, never to inf), and both trackers reset.
 // The products are evaluated in double and rounded to float, like torch.
-C10_HOST_DEVICE inline ScaleUpdate update_scale(
-    float scale, int32_t growth_tracker, int32_t hysteresis_tracker,
-    bool found_inf, double growth_factor, double backoff_factor,
-    int64_t growth_interval, int64_t hysteresis, double min_scale,
-    double max_scale) {
+// The settings are read by name from `s` (torchext's UpdateScaleSettings,
+// csrc/ops/update_scale_args.h: growth_factor, backoff_factor,
+// growth_interval, hysteresis, min_scale, max_scale; no clamp is 0 / inf).
+template <typename Settings>
+C10_HOST_DEVICE inline ScaleUpdate update_scale(float scale, int32_t growth_tracker,
+                                                int32_t hysteresis_tracker, bool found_inf,
+                                                const Settings& s) {
   ScaleUpdate r{scale, growth_tracker, hysteresis_tracker};
   if (found_inf) {
     r.growth_tracker = 0;
     r.hysteresis_tracker = hysteresis_tracker - 1;
     if (r.hysteresis_tracker <= 0) {
       r.hysteresis_tracker = 0;
-      float s = static_cast<float>(mul(static_cast<double>(scale), backoff_factor));
-      if (static_cast<double>(s) < min_scale) {
-        s = static_cast<float>(min_scale);
+      float next = static_cast<float>(mul(static_cast<double>(scale), s.backoff_factor));
+      if (static_cast<double>(next) < s.min_scale) {
+        next = static_cast<float>(s.min_scale);
       }
-      r.scale = s;
+      r.scale = next;
     }
   } else {
     const int32_t successful = growth_tracker + 1;
-    if (successful >= growth_interval) {
-      float s = static_cast<float>(mul(static_cast<double>(scale), growth_factor));
-      if (static_cast<double>(s) > max_scale) {
-        s = static_cast<float>(max_scale);
+    if (successful >= s.growth_interval) {
+      float next = static_cast<float>(mul(static_cast<double>(scale), s.growth_factor));
+      if (static_cast<double>(next) > s.max_scale) {
+        next = static_cast<float>(s.max_scale);
       }
-      if (!non_finite(s)) {
-        r.scale = s;
+      if (!non_finite(next)) {
+        r.scale = next;
       }
       r.growth_tracker = 0;
-      r.hysteresis_tracker = static_cast<int32_t>(hysteresis);
+      r.hysteresis_tracker = static_cast<int32_t>(s.hysteresis);
     } else {
       r.growth_tracker = successful;
     }

@@ -1,7 +1,8 @@
 // CPU kernels of the AMP ops: check_finite_ (read-only), unscale_ (multiply
-// and check in one pass) and update_scale_. Chunks span all tensors and run
-// under at::parallel_for, like the ASGD kernel.
+// and check in one pass) and update_scale_ (both overloads). Chunks span all
+// tensors and run under at::parallel_for, like the ASGD kernel.
 #include "../amp.h"
+#include "../update_scale_registration.h"
 #include "../../utils/cpu_scalars.h"
 #include "../../utils/prefetch.h"
 #include "../../utils/dense_views.h"
@@ -73,39 +74,21 @@ void unscale_cpu(at::TensorList tensors, const at::Tensor& found_inf,
   }
 }
 
-void update_scale_cpu(const at::Tensor& scale, const at::Tensor& growth_tracker,
-                      const at::Tensor& hysteresis_tracker, const at::Tensor& found_inf,
-                      double growth_factor, double backoff_factor, int64_t growth_interval,
-                      int64_t hysteresis, std::optional<double> min_scale,
-                      std::optional<double> max_scale) {
-  check_update_scale_args(scale, growth_tracker, hysteresis_tracker, found_inf, growth_factor,
-                          backoff_factor, growth_interval, hysteresis, min_scale, max_scale);
-  const auto r = math::update_scale(
-      static_cast<float>(read_cpu_scalar(scale)),
-      static_cast<int32_t>(read_cpu_scalar(growth_tracker)),
-      static_cast<int32_t>(read_cpu_scalar(hysteresis_tracker)), read_cpu_scalar(found_inf) != 0.0,
-      growth_factor, backoff_factor, growth_interval, hysteresis, min_scale.value_or(0.0),
-      max_scale.value_or(std::numeric_limits<double>::infinity()));
-  write_cpu_scalar(scale, r.scale);
-  write_cpu_scalar(growth_tracker, r.growth_tracker);
-  write_cpu_scalar(hysteresis_tracker, r.hysteresis_tracker);
-}
-
-void update_scale_counted_cpu(const at::Tensor& scale, const at::Tensor& growth_tracker,
-                              const at::Tensor& hysteresis_tracker, const at::Tensor& found_inf,
-                              const at::Tensor& last_step_skipped,
-                              const at::Tensor& skipped_steps, double growth_factor,
-                              double backoff_factor, int64_t growth_interval, int64_t hysteresis,
-                              std::optional<double> min_scale, std::optional<double> max_scale) {
-  check_update_scale_counted_args(scale, growth_tracker, hysteresis_tracker, found_inf,
-                                  last_step_skipped, skipped_steps, growth_factor,
-                                  backoff_factor, growth_interval, hysteresis, min_scale,
-                                  max_scale);
-  const bool skipped = read_cpu_scalar(found_inf) != 0.0;
-  update_scale_cpu(scale, growth_tracker, hysteresis_tracker, found_inf, growth_factor,
-                   backoff_factor, growth_interval, hysteresis, min_scale, max_scale);
-  *last_step_skipped.mutable_data_ptr<bool>() = skipped;
-  *skipped_steps.mutable_data_ptr<int64_t>() += skipped ? 1 : 0;
+// Both overloads: the update, and for .counted the skip record.
+void update_scale_cpu(const UpdateScaleArgs& a) {
+  check_update_scale_args(a);
+  const bool found_inf = read_cpu_scalar(a.found_inf) != 0.0;
+  const auto r = math::update_scale(static_cast<float>(read_cpu_scalar(a.scale)),
+                                    static_cast<int32_t>(read_cpu_scalar(a.growth_tracker)),
+                                    static_cast<int32_t>(read_cpu_scalar(a.hysteresis_tracker)),
+                                    found_inf, a.settings);
+  write_cpu_scalar(a.scale, r.scale);
+  write_cpu_scalar(a.growth_tracker, r.growth_tracker);
+  write_cpu_scalar(a.hysteresis_tracker, r.hysteresis_tracker);
+  if (a.counted()) {
+    *a.last_step_skipped.mutable_data_ptr<bool>() = found_inf;
+    *a.skipped_steps.mutable_data_ptr<int64_t>() += found_inf ? 1 : 0;
+  }
 }
 
 }  // namespace
@@ -113,8 +96,7 @@ void update_scale_counted_cpu(const at::Tensor& scale, const at::Tensor& growth_
 TORCH_LIBRARY_IMPL(torchext, CPU, m) {
   m.impl("check_finite_", &check_finite_cpu);
   m.impl("unscale_", &unscale_cpu);
-  m.impl("update_scale_", &update_scale_cpu);
-  m.impl("update_scale_.counted", &update_scale_counted_cpu);
+  register_update_scale_kernels<update_scale_cpu>(m);
 }
 
 }  // namespace torchext

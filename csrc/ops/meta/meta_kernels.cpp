@@ -11,6 +11,7 @@
 #include "../asgd_registration.h"
 #include "../norms.h"
 #include "../swap.h"
+#include "../update_scale_registration.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/_foreach_norm.h>
@@ -38,50 +39,19 @@ void swap_meta(at::TensorList tensors, at::TensorList others) {
   check_swap_args(tensors, others);
 }
 
-void update_scale_meta(const at::Tensor& scale, const at::Tensor& growth_tracker,
-                       const at::Tensor& hysteresis_tracker, const at::Tensor& found_inf,
-                       double growth_factor, double backoff_factor, int64_t growth_interval,
-                       int64_t hysteresis, std::optional<double> min_scale,
-                       std::optional<double> max_scale) {
-  check_update_scale_args(scale, growth_tracker, hysteresis_tracker, found_inf, growth_factor,
-                          backoff_factor, growth_interval, hysteresis, min_scale, max_scale);
-}
-
-void update_scale_counted_meta(const at::Tensor& scale, const at::Tensor& growth_tracker,
-                               const at::Tensor& hysteresis_tracker, const at::Tensor& found_inf,
-                               const at::Tensor& last_step_skipped,
-                               const at::Tensor& skipped_steps, double growth_factor,
-                               double backoff_factor, int64_t growth_interval, int64_t hysteresis,
-                               std::optional<double> min_scale, std::optional<double> max_scale) {
-  check_update_scale_counted_args(scale, growth_tracker, hysteresis_tracker, found_inf,
-                                  last_step_skipped, skipped_steps, growth_factor,
-                                  backoff_factor, growth_interval, hysteresis, min_scale,
-                                  max_scale);
-}
-
 // update_scale_.counted on every device without a kernel of its own (CUDA
 // among them): the checks, then update_scale_ (which has one) and the skip
 // record as two ATen ops on the device. No host sync (CUDA-graph safe).
-void update_scale_counted_composite(
-    const at::Tensor& scale, const at::Tensor& growth_tracker,
-    const at::Tensor& hysteresis_tracker, const at::Tensor& found_inf,
-    const at::Tensor& last_step_skipped, const at::Tensor& skipped_steps, double growth_factor,
-    double backoff_factor, int64_t growth_interval, int64_t hysteresis,
-    std::optional<double> min_scale, std::optional<double> max_scale) {
-  update_scale_counted_meta(scale, growth_tracker, hysteresis_tracker, found_inf,
-                            last_step_skipped, skipped_steps, growth_factor, backoff_factor,
-                            growth_interval, hysteresis, min_scale, max_scale);
-  static const auto update =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("torchext::update_scale_", "")
-          .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                      const at::Tensor&, double, double, int64_t, int64_t,
-                      std::optional<double>, std::optional<double>)>();
-  update.call(scale, growth_tracker, hysteresis_tracker, found_inf, growth_factor,
-              backoff_factor, growth_interval, hysteresis, min_scale, max_scale);
+void update_scale_counted_composite(const UpdateScaleArgs& a) {
+  check_update_scale_args(a);
+  call_update_scale({.scale = a.scale,
+                     .growth_tracker = a.growth_tracker,
+                     .hysteresis_tracker = a.hysteresis_tracker,
+                     .found_inf = a.found_inf,
+                     .settings = a.settings});
   // found_inf counts overflows (>= 0): nonzero is "skipped".
-  last_step_skipped.copy_(found_inf);
-  skipped_steps.add_(last_step_skipped);
+  a.last_step_skipped.copy_(a.found_inf);
+  a.skipped_steps.add_(a.last_step_skipped);
 }
 
 at::Tensor tensor_norms_meta(at::TensorList tensors, double ord,
@@ -173,8 +143,7 @@ TORCH_LIBRARY_IMPL(torchext, Meta, m) {
   register_asgd_kernels<check_asgd_args>(m);
   m.impl("check_finite_", &check_finite_meta);
   m.impl("unscale_", &unscale_meta);
-  m.impl("update_scale_", &update_scale_meta);
-  m.impl("update_scale_.counted", &update_scale_counted_meta);
+  register_update_scale_kernels<check_update_scale_args>(m);
   m.impl("swap_", &swap_meta);
   m.impl("tensor_norms", &tensor_norms_meta);
 }
@@ -204,7 +173,8 @@ TORCH_LIBRARY_IMPL(torchext, CompositeExplicitAutograd, m) {
                                const std::optional<at::Tensor>&>);
   m.impl("swap_", &no_kernel_for_device<&swap_meta, at::TensorList>);
   m.impl("tensor_norms", &tensor_norms_composite);
-  m.impl("update_scale_.counted", &update_scale_counted_composite);
+  register_update_scale_kernels<update_scale_counted_composite>(
+      m, UpdateScaleOverloads::kCountedOnly);
 }
 
 }  // namespace torchext

@@ -121,7 +121,12 @@ class TORCHEXT_API GradScaler {
 
   // Updates the scale from the found_inf of every optimizer stepped (or
   // unscaled) since the last update, on the device, and records whether this
-  // iteration was skipped.
+  // iteration was skipped: one call of the op update_scale_.counted, as
+  // Python's GradScaler.update. For one process, or for gradients that are
+  // the same on every process (replicated, all-reduced before step()): the
+  // C++ scaler does not all-reduce found_inf across processes (LibTorch has
+  // no FSDP; Python's GradScaler does it for sharded gradients), so
+  // processes whose gradients differ could disagree on skipping a step.
   void update();
   // Sets the scale (growth tracker untouched, as torch does).
   void update(double new_scale);
@@ -136,8 +141,11 @@ class TORCHEXT_API GradScaler {
   int64_t get_growth_tracker() const;  // syncs
 
   // Skip reporting, on the device: 0-d bool "the last update() saw an
-  // overflow" and 0-d int64 count of such iterations since construction
-  // (restored by load()). Undefined before the first update().
+  // overflow" (false until then) and 0-d int64 count of such iterations
+  // since construction (restored by load()). Created with the rest of the
+  // state by the first scale() (undefined before) and written in place by
+  // update(). A checkpoint holds no last_step_skipped: load() into a scaler
+  // without state creates it at the next scale() or update().
   torch::Tensor last_step_skipped() const { return last_step_skipped_; }
   torch::Tensor skipped_steps() const { return skipped_steps_; }
   int64_t num_skipped_steps() const;  // syncs

@@ -158,47 +158,36 @@ void unscale_launch(at::TensorList tensors, const at::Tensor& found_inf,
               exec);
 }
 
-struct UpdateScaleArgs {
-  double growth_factor, backoff_factor, min_scale, max_scale;
-  int64_t growth_interval, hysteresis;
-};
-
-// One thread.
+// One thread. The settings are the op's own struct, passed by value.
 struct UpdateScaleBody {
   static constexpr const char* kName = "update_scale";
   C10_HOST_DEVICE void operator()(const ThreadCtx& ctx, float* scale, int32_t* growth_tracker,
                                   int32_t* hysteresis_tracker, const float* found_inf,
-                                  const UpdateScaleArgs& a) const {
+                                  const UpdateScaleSettings& s) const {
     if (ctx.block != 0 || ctx.thread != 0) return;
     const auto r = math::update_scale(*scale, *growth_tracker, *hysteresis_tracker,
-                                      *found_inf != 0.f, a.growth_factor, a.backoff_factor,
-                                      a.growth_interval, a.hysteresis, a.min_scale, a.max_scale);
+                                      *found_inf != 0.f, s);
     *scale = r.scale;
     *growth_tracker = r.growth_tracker;
     *hysteresis_tracker = r.hysteresis_tracker;
   }
   static int64_t work(unsigned, unsigned, float*, int32_t*, int32_t*, const float*,
-                      const UpdateScaleArgs&) {
+                      const UpdateScaleSettings&) {
     return 1;
   }
 };
 
+// update_scale_ (not .counted: on this device that is the composite kernel,
+// csrc/ops/meta/meta_kernels.cpp).
 template <typename Exec>
-void update_scale_launch(const at::Tensor& scale, const at::Tensor& growth_tracker,
-                         const at::Tensor& hysteresis_tracker, const at::Tensor& found_inf,
-                         double growth_factor, double backoff_factor, int64_t growth_interval,
-                         int64_t hysteresis, std::optional<double> min_scale,
-                         std::optional<double> max_scale, Exec& exec) {
-  check_update_scale_args(scale, growth_tracker, hysteresis_tracker, found_inf, growth_factor,
-                          backoff_factor, growth_interval, hysteresis, min_scale, max_scale);
-  exec.enter(scale.device());
-  const UpdateScaleArgs a{growth_factor, backoff_factor, min_scale.value_or(0.0),
-                          max_scale.value_or(std::numeric_limits<double>::infinity()),
-                          growth_interval, hysteresis};
-  exec.template launch<UpdateScaleBody>(1, 1, scale.data_ptr<float>(),
-                                        growth_tracker.data_ptr<int32_t>(),
-                                        hysteresis_tracker.data_ptr<int32_t>(),
-                                        found_inf.const_data_ptr<float>(), a);
+void update_scale_launch(const UpdateScaleArgs& a, Exec& exec) {
+  check_update_scale_args(a);
+  TORCH_INTERNAL_ASSERT(!a.counted(), "update_scale_launch: .counted is the composite kernel");
+  exec.enter(a.scale.device());
+  exec.template launch<UpdateScaleBody>(1, 1, a.scale.data_ptr<float>(),
+                                        a.growth_tracker.data_ptr<int32_t>(),
+                                        a.hysteresis_tracker.data_ptr<int32_t>(),
+                                        a.found_inf.const_data_ptr<float>(), a.settings);
 }
 
 }  // namespace kernels
