@@ -940,10 +940,11 @@ TEST(ClipGradNorm, DropInMatchesLibTorchs) {
   EXPECT_TRUE(torch::equal(w.grad(), torch::full({2}, 3.0f)));
 }
 
-// Two devices whose found_inf is summed: a step that skips on the device
+// (GPU only: its own ctest, grad_scaler_cuda, so that its skip hides no
+// other test.) Two devices whose found_inf is summed: a step that skips on the device
 // gets it clamped to 1 (torch's fused kernels skip only when found_inf == 1),
 // as Python's scaler does. GPU only (CPU and CUDA parameters).
-TEST(GradScaler, FoundInfOfTwoDevicesIsClampedForADeviceSkip) {
+TEST(GradScalerCuda, FoundInfOfTwoDevicesIsClampedForADeviceSkip) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   if (!c10::Dispatcher::singleton().findSchemaOrThrow("torchext::asgd_", "")
            .hasKernelForDispatchKey(c10::DispatchKey::CUDA)) {

@@ -356,7 +356,8 @@ class GradScaler(torch.amp.GradScaler):
         inv_scale = None if unscaled else self._scale.double().reciprocal().float()
         allow_fp16 = unscaled or self._allow_fp16
         # Nothing below writes anything the scaler keeps until the end: a
-        # refused call (bad grads, error_if_nonfinite) records nothing.
+        # refused call (bad grads) records nothing; error_if_nonfinite refuses
+        # the clip after its read, keeping the unscale half (torch's recipe).
         own = protocol.fused_norms(optimizer, norm_type, inv_scale, allow_fp16)
         sharded = False
         if own is not None:  # torchext's ASGD: through its C++ holders
