@@ -323,7 +323,8 @@ class PendingClip:
     * refused (:class:`GradsChangedError`, nothing changed) by a step when a
       gradient it measured was written in place since (a backward that
       accumulated, ``zero_()``, an edit): those are not the gradients it
-      measured, and what they hold now cannot be told.
+      measured, and what they hold now cannot be told; so is a second clip
+      (torch's would measure the first clip's result plus what was written).
     """
     __slots__ = ("optimizer", "coef", "scaled", "seen")
 

@@ -403,8 +403,8 @@ bool ASGD::amp_step_must_not_sync() const {
 torch::Tensor ASGD::clip_grad_norm_(double max_norm, double norm_type, bool error_if_nonfinite) {
   at::NoGradGuard no_grad;
   if (pending_clip_) {  // a second clip: the first applied to the gradients first
-    auto first = std::move(pending_clip_);
-    if (first->valid()) first->apply_(api::grads_of(*this), {});
+    if (pending_clip_->valid()) pending_clip_->apply_(api::grads_of(*this), {});  // (throws when written)
+    pending_clip_.reset();
   }
   const auto grads = api::grads_of(*this);
   if (grads.empty()) return at::zeros({});  // torch's clip of no gradients

@@ -89,7 +89,7 @@ void refuse_fp16(const std::vector<at::Tensor>& grads);
 // - dropped by the holder's zero_grad() (ASGD) or update() (GradScaler), and
 //   when its gradients were replaced or removed since;
 // - refused (valid() throws, nothing changed) by a step when a gradient it
-//   measured was written in place since.
+//   measured was written in place since, and so is a second clip.
 struct PendingClip {
   torch::optim::Optimizer* optimizer = nullptr;  // whose gradients it measured
   at::Tensor coef;    // undefined: max_norm = inf (an unscale alone)

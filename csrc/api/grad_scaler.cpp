@@ -155,6 +155,7 @@ torch::Tensor GradScaler::clip_grad_norm_(torch::optim::Optimizer& optimizer, do
   api::check_host_read(scale_, error_if_nonfinite);
   at::NoGradGuard no_grad;
   if (next.clip) {  // a second clip: the first, as torch's recipe leaves it, first
+    (void)next.clip->valid();  // (throws, changing nothing, when written in place)
     settle_clip(next);
     per_optimizer_[&optimizer] = next;
   }
@@ -214,10 +215,12 @@ void GradScaler::apply_clip(PerOptimizer& record) const {
 }
 
 void GradScaler::settle_clip(PerOptimizer& record) const {
-  if (record.clip->valid()) {  // (throws when written in place)
+  const auto status = record.clip->status();
+  if (status == GradsSeen::kSame) {
     apply_clip(record);
     return;
   }
+  if (status == GradsSeen::kWritten) return;  // kept: the step (or a second clip) refuses it
   const bool scaled = record.clip->scaled;
   record.clip.reset();  // its gradients were replaced: it applies to nothing
   if (scaled) {  // nor does its inf check: the new gradients are checked afresh
@@ -468,11 +471,8 @@ void GradScaler::settle_clips() {
   // A clip pending between clip_grad_norm_() and step() unscales with the
   // scale it measured: applied to its gradients before the scale changes, as
   // torch's recipe has them at that point. The records stay (as Python's and
-  // torch's load_state_dict keep this iteration's records). Throws, before
-  // anything changed, when some gradient was written in place since.
-  for (auto& [opt, record] : per_optimizer_) {
-    if (record.clip) (void)record.clip->valid();
-  }
+  // torch's load_state_dict keep this iteration's records); a clip of
+  // gradients written in place since is kept (the step refuses it).
   at::NoGradGuard no_grad;
   for (auto& [opt, record] : per_optimizer_) {
     if (record.clip) settle_clip(record);

@@ -524,3 +524,38 @@ def test_model_parallel_plain_clip_multiplies_on_each_device():
     expected = torch.tensor(24.0).sqrt()
     assert rel_err(total.cpu(), expected) < 1e-6
     assert rel_err(a.grad, torch.full((3,), 2.0) / expected) < 1e-6
+
+
+@pytest.mark.parametrize("through", ["asgd", "scaler"])
+def test_a_second_clip_of_gradients_written_in_place_is_refused(through):
+    """torch's second clip would measure the first clip's result plus what was
+    written since (an accumulated backward): not the gradients either clip
+    could apply to, so the second clip is refused, nothing changed; after
+    zero_grad (or update()) the loop goes on."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torchext.optim.ASGD(model.parameters(), lr=0.1)
+    scaler = GradScaler("cpu", init_scale=8.0)
+    x, y = batch(8, scale=10.0)
+
+    def backward():
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        (scaler.scale(loss) if through == "scaler" else loss).backward()
+
+    def clip():
+        return (scaler.clip_grad_norm_(opt, 0.01) if through == "scaler"
+                else opt.clip_grad_norm_(0.01))
+
+    backward()
+    clip()
+    backward()  # accumulates into the same gradient tensors
+    grads = [p.grad.clone() for p in model.parameters()]
+    with pytest.raises(GradsChangedError, match="written in place"):
+        clip()
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
+    if through == "scaler":
+        scaler.update()
+    opt.zero_grad()
+    backward()
+    clip()
+    opt.step() if through == "asgd" else scaler.step(opt)

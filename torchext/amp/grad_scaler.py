@@ -350,6 +350,7 @@ class GradScaler(torch.amp.GradScaler):
         _clip.check_host_read(error_if_nonfinite)
         pending = state.get("clip")
         if pending is not None:  # a second clip: the first, as torch's recipe leaves it, first
+            pending.valid()  # (raises, changing nothing, when written in place)
             state = self._settle_clip(optimizer, state, pending)
         norm_type = float(norm_type)
         unscaled = state["stage"] is OptState.UNSCALED
@@ -421,13 +422,15 @@ class GradScaler(torch.amp.GradScaler):
     def _settle_clip(self, optimizer, state, pending) -> dict:
         """A pending clip made concrete before something needs the gradients
         as torch's recipe leaves them: applied to them when they are still
-        those it measured (the record then says UNSCALED with no clip), else
-        dropped (with its inf check when it read scaled gradients: the
-        gradients are then READY to be checked afresh). Raises, changing
-        nothing, when they were written in place since. Returns the record."""
-        if pending.valid():
+        those it measured (the record then says UNSCALED with no clip);
+        dropped when they were replaced (with its inf check when it read
+        scaled gradients: the gradients are then READY to be checked
+        afresh); kept when they were written in place (the step, or a second
+        clip, then refuses it). Returns the record."""
+        status = pending.status()
+        if status == _clip.SAME:
             self._apply_clip_(optimizer, state, pending)
-        else:
+        elif status == _clip.REPLACED:
             del state["clip"]
             if pending.scaled:
                 state["stage"] = OptState.READY

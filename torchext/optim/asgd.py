@@ -246,9 +246,11 @@ class ASGD(GroupsAlias, Optimizer):
         enabled GradScaler call ``scaler.clip_grad_norm_(opt, ...)`` instead:
         these grads are scaled."""
         norm_type = float(norm_type)
-        pending, self._clip_slot.pending = self._clip_slot.pending, None
-        if pending is not None and pending.valid():  # a second clip: the first applied
-            pending.apply_(self._grads(), None)
+        pending = self._clip_slot.pending
+        if pending is not None:  # a second clip: the first applied first
+            if pending.valid():  # (raises, changing nothing, when written in place)
+                pending.apply_(self._grads(), None)
+            self._clip_slot.pending = None
         own = self._torchext_amp_norms(norm_type, None)  # the holders' read, in C++
         if own is not None and own[0]:
             norms, _, seen = own

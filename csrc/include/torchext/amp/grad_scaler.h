@@ -178,9 +178,10 @@ class TORCHEXT_API GradScaler {
   void ensure_state(const c10::Device& device);
   torch::Tensor combined_found_inf(const PerOptimizer& s) const;
   // A pending clip made concrete: applied to its gradients when they are
-  // still those it measured (the record then says kUnscaled, no clip), else
-  // dropped (with its inf check when it read scaled gradients). Throws,
-  // changing nothing, when they were written in place.
+  // still those it measured (the record then says kUnscaled, no clip);
+  // dropped when they were replaced (with its inf check when it read scaled
+  // gradients); kept when they were written in place (the step, or a second
+  // clip, then refuses it).
   void settle_clip(PerOptimizer& record) const;
   void settle_clips();  // every record's, before load()/load_state_dict() change the scale
   void apply_clip(PerOptimizer& record) const;
