@@ -289,6 +289,7 @@ class ASGD(GroupsAlias, Optimizer):
         if status != _clip.WRITTEN:
             self._clip_slot.pending = None
 
+    @gate_compiled_step  # (not traced by a torch that mistraces it: _compile_compat (6))
     def zero_grad(self, set_to_none: bool = True) -> None:
         """As torch's ``Optimizer.zero_grad`` (traceable by torch.compile),
         and drops a pending :meth:`clip_grad_norm_`: its gradients are gone."""
