@@ -368,3 +368,6 @@ def test_compile_bench_rounds_and_clipped_recipes(monkeypatch):
     text = ts.report(Env("cpu", quick=False), [res])
     assert "1.20x (1.10-1.25x)" in text and "9.60 (8.80-10.00)" in text
     assert "clipped" in text and "1.5 (0.5-2.5)" in text  # loads of the three rounds
+    assert ("warning: load up to 2.5" in text) == (2.5 > ts.BUSY_LOAD + torch.get_num_threads())
+    monkeypatch.setattr(ts, "BUSY_LOAD", -torch.get_num_threads())  # any load is "busy"
+    assert "warning: load up to 2.5" in ts.report(Env("cpu", quick=False), [res])

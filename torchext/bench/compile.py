@@ -477,6 +477,10 @@ def result_of(name, rows):
                   extra={"tensors": tensors, "recipes": rows})
 
 
+#: Load above the benchmark's own threads plus this: the machine was busy.
+BUSY_LOAD = 1.0
+
+
 def _fmt(v, spec):
     return "-" if v is None else format(v, spec)
 
@@ -529,6 +533,15 @@ def report(env, results):
         out.append(table(["recipe", "what", "to steady", "recompiles", "ms/step", "speed-up",
                           "ms/step, rounds", "speed-up, rounds", "opt+scaler ms", "of step",
                           "load", "peak RSS MiB"], lines))
+        loads = [t["load"] for row in rows.values() for t in row.get("rounds", ())
+                 if t.get("load") is not None]
+        busy = BUSY_LOAD + torch.get_num_threads()
+        if loads and max(loads) > busy:
+            out.append(f"warning: load up to {max(loads):.1f} (above {busy:.0f}): other "
+                       f"processes shared the cores, and an OpenMP team of "
+                       f"{torch.get_num_threads()} threads then waits at every parallel "
+                       f"region for a thread that is not running, so ms/step can be many "
+                       f"times a quiet run's; compare rounds of similar load, or rerun")
     return "\n".join(out)
 
 
