@@ -371,3 +371,16 @@ def test_compile_bench_rounds_and_clipped_recipes(monkeypatch):
     assert ("warning: load up to 2.5" in text) == (2.5 > ts.BUSY_LOAD + torch.get_num_threads())
     monkeypatch.setattr(ts, "BUSY_LOAD", -torch.get_num_threads())  # any load is "busy"
     assert "warning: load up to 2.5" in ts.report(Env("cpu", quick=False), [res])
+
+
+def test_compile_bench_phases_table():
+    # --phases: ms per phase of each step, recipes in turns in one process.
+    from torchext.bench import compile as ts
+    d = dict(total=7.4, p10=7.0, p90=7.8, zero_grad=0.17, forward=3.0, scale=0.012,
+             backward=3.7, clip=0.001, step=0.375, update=0.034)
+    text = ts.phases_report("mlp-128", {"load": [1.5, 2.0], "torchext": d}, cpu_time=False)
+    assert "wall time" in text and "load 1.5 -> 2.0" in text
+    row = next(line for line in text.splitlines() if line.startswith("| torchext "))
+    assert "7.40 (7.00-7.80)" in row and "| 0.375 " in row
+    header = next(line for line in text.splitlines() if line.startswith("| recipe "))
+    assert [h.strip() for h in header.strip("|").split("|")][2:] == list(ts.STEP_PHASES)

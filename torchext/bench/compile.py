@@ -23,6 +23,7 @@ one process, setups interleaved (``--ab``).
     python -m torchext bench --only compile [--device cpu|cuda] [--quick]
     python -m torchext.bench.compile --models mlp-64,gpt2 --recipes torch-split,torchext
     python -m torchext.bench.compile --models mlp-128 --recipes torchext,torch-split,torchext+clip,torch-split+clip
+    python -m torchext.bench.compile --phases --models mlp-128 [--cpu-time --threads 1]
 """
 from __future__ import annotations
 
@@ -194,6 +195,13 @@ class Setup:
 
         params = [p for g in opt.param_groups for p in g["params"]]
 
+        def clip_grads():
+            if lib == "torchext":
+                scaler.clip_grad_norm_(opt, max_norm)
+            else:  # torch's recipe: unscale, then clip
+                scaler.unscale_(opt)
+                torch.nn.utils.clip_grad_norm_(params, max_norm)
+
         def train_step(*inputs):
             opt.zero_grad(set_to_none=True)
             with _autocast(device):
@@ -201,17 +209,36 @@ class Setup:
             scaler.scale(loss).backward()
             t0 = time.perf_counter() if timed else None
             if clip:
-                if lib == "torchext":
-                    scaler.clip_grad_norm_(opt, max_norm)
-                else:  # torch's recipe: unscale, then clip
-                    scaler.unscale_(opt)
-                    torch.nn.utils.clip_grad_norm_(params, max_norm)
+                clip_grads()
             scaler.step(opt)
             scaler.update()
             if t0 is not None:
                 self.opt_ms.append((time.perf_counter() - t0) * 1e3)
             return loss.detach()
 
+        def phased_step(*inputs, clock=time.perf_counter):
+            # train_step's work, with a clock reading between its phases
+            t = [clock()]
+            opt.zero_grad(set_to_none=True)
+            t.append(clock())
+            with _autocast(device):
+                loss = loss_fn(net, *inputs)
+            t.append(clock())
+            scaled = scaler.scale(loss)
+            t.append(clock())
+            scaled.backward()
+            t.append(clock())
+            if clip:
+                clip_grads()
+            t.append(clock())
+            scaler.step(opt)
+            t.append(clock())
+            scaler.update()
+            t.append(clock())
+            return [(b - a) * 1e3 for a, b in zip(t, t[1:])]
+
+        # (recipes whose step runs outside a graph only)
+        self.phased_step = phased_step if timed else None
         tag = recipe + ("_clip" if clip else "")
         self.step = train_step = _own_code(train_step, tag)
         self.trace_autograd_ops = recipe == "torchext-fullgraph"
@@ -340,6 +367,54 @@ def measure_interleaved(model_name, recipes, device, repeat):
     return {r: (statistics.median(v) * 1e3,
                 statistics.median(setups[r].opt_ms) if setups[r].opt_ms else None)
             for r, v in samples.items()}
+
+
+#: The phases of a step (Setup.phased_step), in order.
+STEP_PHASES = ("zero_grad", "forward", "scale", "backward", "clip", "step", "update")
+
+
+def measure_phases(model_name, recipes, device, repeat, cpu_time=False):
+    """Where a step's time goes: every recipe whose step runs outside a graph
+    (others are left out), each on its own copy of the model, timed in turns
+    (one step of each per round) phase by phase, in wall time or (cpu_time)
+    in the process's CPU time, which other jobs on the machine distort less
+    (with one thread; with more, CPU time counts OpenMP's spin-waits too).
+    Returns {recipe: {"total": median ms/step, "p10", "p90", phase: median
+    ms}}, and "load": the 1-minute load average before and after."""
+    base, inputs, loss_fn = build_model(model_name, device)
+    max_norm = (clip_max_norm(base, inputs, loss_fn, device)
+                if any(split_recipe(r)[1] for r in recipes) else None)
+    setups = {r: Setup(r, copy.deepcopy(base), loss_fn, device,
+                       max_norm if split_recipe(r)[1] else None) for r in recipes}
+    setups = {r: s for r, s in setups.items() if s.phased_step is not None}
+    clock = time.process_time if cpu_time else time.perf_counter
+    for s in setups.values():
+        for _ in range(4):
+            s(*inputs)
+    load = [os.getloadavg()[0]]
+    samples = {r: [] for r in setups}
+    for _ in range(repeat):
+        for r, s in setups.items():
+            samples[r].append(s.phased_step(*inputs, clock=clock))
+    load.append(os.getloadavg()[0])
+    out = {"load": load}
+    for r, v in samples.items():
+        totals = sorted(sum(x) for x in v)
+        out[r] = {"total": statistics.median(totals), "p10": totals[len(totals) // 10],
+                  "p90": totals[(9 * len(totals)) // 10],
+                  **{ph: statistics.median(x[i] for x in v) for i, ph in enumerate(STEP_PHASES)}}
+    return out
+
+
+def phases_report(model_name, res, cpu_time):
+    load = res["load"]
+    lines = [[r, f"{d['total']:.2f} ({d['p10']:.2f}-{d['p90']:.2f})"]
+             + [f"{d[ph]:.3f}" for ph in STEP_PHASES] for r, d in res.items() if r != "load"]
+    n = torch.get_num_threads()
+    head = (f"{model_name}: ms per phase ({'CPU' if cpu_time else 'wall'} time, "
+            f"{n} thread{'s' if n > 1 else ''}), recipes in turns in one process, medians; "
+            f"load {load[0]:.1f} -> {load[1]:.1f}")
+    return head + "\n" + table(["recipe", "ms/step (p10-p90)", *STEP_PHASES], lines)
 
 
 def _child(args, cache_dir, timeout):
@@ -561,6 +636,11 @@ def main(argv=None):
     ap.add_argument("--json", help="write every row here")
     ap.add_argument("--plot", metavar="PNG", help="time to steady state and speed per step "
                     "(needs matplotlib)")
+    ap.add_argument("--phases", action="store_true", help="only time each step's phases "
+                    "(zero_grad, forward, scale, backward, clip, step, update) of the recipes "
+                    "whose step runs outside a graph, in turns in this process")
+    ap.add_argument("--cpu-time", action="store_true", help="--phases in CPU time")
+    ap.add_argument("--threads", type=int, help="torch.set_num_threads for --phases")
     ap.add_argument("--from-json", nargs="+", metavar="FILE",
                     help="only draw --plot / print the tables from earlier --json files")
     # internal: one child process
@@ -579,6 +659,15 @@ def main(argv=None):
         except ImportError as e:
             res = {"error": f"skipped: {e}"}
         print(json.dumps(res), flush=True)
+        return 0
+    if args.phases:
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        for m in args.models.split(","):
+            recipes = (args.recipes.split(",") if args.recipes
+                       else ["torchext", "torch-split", "torchext+clip", "torch-split+clip"])
+            res = measure_phases(m, recipes, device, args.repeat, args.cpu_time)
+            print(phases_report(m, res, args.cpu_time), flush=True)
         return 0
     from .common import Env
     env = Env(args.device, quick=False)
