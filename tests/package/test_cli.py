@@ -371,6 +371,13 @@ def test_compile_bench_rounds_and_clipped_recipes(monkeypatch):
     assert ("warning: load up to 2.5" in text) == (2.5 > ts.BUSY_LOAD + torch.get_num_threads())
     monkeypatch.setattr(ts, "BUSY_LOAD", -torch.get_num_threads())  # any load is "busy"
     assert "warning: load up to 2.5" in ts.report(Env("cpu", quick=False), [res])
+    # --threads reaches every child
+    calls.clear()
+    seen = []
+    monkeypatch.setattr(ts, "_child", lambda args, cache, timeout: seen.append(args) or child(
+        args, cache, timeout))
+    ts.run_model("mlp-128", recipes[:2], torch.device("cpu"), repeat=5, timeout=1, threads=1)
+    assert len(seen) == 3 and all(a[a.index("--threads") + 1] == "1" for a in seen)
 
 
 def test_compile_bench_phases_table():

@@ -444,14 +444,16 @@ def _round_of(k, res):
 
 
 def run_model(model_name, recipes, device, repeat, timeout, ab=True, log=None, ab_with=None,
-              rounds=1):
+              rounds=1, threads=None):
     """Every recipe on one model, one child each (cold cache: the time to
     steady state), then ``rounds`` - 1 more rounds of one child per recipe in
     turns (each with its own cache, warm by then) for ms/step over rounds,
     then the interleaved ms/step of those that finished against torchext's
     recipe with the same clipping, in one child (their caches merged, so it
-    compiles fast). Returns {recipe: row}."""
+    compiles fast). ``threads``: torch.set_num_threads in the children.
+    Returns {recipe: row}."""
     rows = {}
+    more = [] if threads is None else ["--threads", str(threads)]
     tmp = tempfile.mkdtemp(prefix="torchext-bench-")
     merged = os.path.join(tmp, "merged")
     try:
@@ -461,7 +463,7 @@ def run_model(model_name, recipes, device, repeat, timeout, ab=True, log=None, a
                     continue
                 cache = os.path.join(tmp, r)
                 res = _child(["--model", model_name, "--recipe", r, "--device", device.type,
-                              "--repeat", str(repeat)], cache, timeout)
+                              "--repeat", str(repeat), *more], cache, timeout)
                 if log:
                     log(f"{model_name} {r}, round {k + 1}: {res}")
                 if k == 0:
@@ -491,7 +493,7 @@ def run_model(model_name, recipes, device, repeat, timeout, ab=True, log=None, a
             if r == base or base not in done or (ab_with is not None and r not in ab_with):
                 continue
             res = _child(["--model", model_name, "--ab", f"{base},{r}", "--device",
-                          device.type, "--repeat", str(repeat)], merged, timeout * 2)
+                          device.type, "--repeat", str(repeat), *more], merged, timeout * 2)
             if log:
                 log(f"{model_name} {base} vs {r}, interleaved: {res}")
             if "error" in res:
@@ -612,11 +614,13 @@ def report(env, results):
                  if t.get("load") is not None]
         busy = BUSY_LOAD + torch.get_num_threads()
         if loads and max(loads) > busy:
+            n = torch.get_num_threads()
+            team = (f", and an OpenMP team of {n} threads then waits at every parallel "
+                    f"region for a thread that is not running, so ms/step can be many times "
+                    f"a quiet run's (--threads 1 suffers least)" if n > 1 else "")
             out.append(f"warning: load up to {max(loads):.1f} (above {busy:.0f}): other "
-                       f"processes shared the cores, and an OpenMP team of "
-                       f"{torch.get_num_threads()} threads then waits at every parallel "
-                       f"region for a thread that is not running, so ms/step can be many "
-                       f"times a quiet run's; compare rounds of similar load, or rerun")
+                       f"processes shared the cores{team}; compare rounds of similar load, "
+                       f"or rerun")
     return "\n".join(out)
 
 
@@ -640,7 +644,9 @@ def main(argv=None):
                     "(zero_grad, forward, scale, backward, clip, step, update) of the recipes "
                     "whose step runs outside a graph, in turns in this process")
     ap.add_argument("--cpu-time", action="store_true", help="--phases in CPU time")
-    ap.add_argument("--threads", type=int, help="torch.set_num_threads for --phases")
+    ap.add_argument("--threads", type=int, help="torch.set_num_threads where steps are timed "
+                    "(on a shared machine, 1 keeps an OpenMP team from waiting on a thread "
+                    "another process holds up)")
     ap.add_argument("--from-json", nargs="+", metavar="FILE",
                     help="only draw --plot / print the tables from earlier --json files")
     # internal: one child process
@@ -650,6 +656,8 @@ def main(argv=None):
     ap.add_argument("--ab", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.child:
         try:
             if args.ab:
@@ -661,8 +669,6 @@ def main(argv=None):
         print(json.dumps(res), flush=True)
         return 0
     if args.phases:
-        if args.threads:
-            torch.set_num_threads(args.threads)
         for m in args.models.split(","):
             recipes = (args.recipes.split(",") if args.recipes
                        else ["torchext", "torch-split", "torchext+clip", "torch-split+clip"])
@@ -688,7 +694,7 @@ def main(argv=None):
         rows = run_model(m, recipes, device, args.repeat, args.timeout,
                          ab=not args.no_ab, log=lambda s: print(s, file=sys.stderr, flush=True),
                          ab_with=args.ab_with.split(",") if args.ab_with else None,
-                         rounds=args.rounds)
+                         rounds=args.rounds, threads=args.threads)
         results.append(result_of(m, rows))
         print(report(env, results[-1:]), flush=True)
     import dataclasses
