@@ -573,7 +573,8 @@ def _spread(values, spec, unit=""):
 
 
 def report(env, results):
-    out = [f"Compiled training step, {env.device}, {torch.get_num_threads()} threads, torch "
+    n = torch.get_num_threads()
+    out = [f"Compiled training step, {env.device}, {n} thread{'s' if n > 1 else ''}, torch "
            f"{torch.__version__}. to steady: every compile and recompile until none comes "
            f"(cold inductor cache, one process per recipe); ms/step and speed-up: timed "
            f"interleaved in one process against torchext's recommended recipe with the same "
