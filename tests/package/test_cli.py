@@ -336,3 +336,67 @@ def test_compile_bench_reports_ratios_only_where_timed_together():
     text = ts.report(Env("cpu", quick=False), [res])
     assert "timeout (480 s)" in text and "7.00 (own process)" in text and "1.10x" in text
     assert text.index("| torchext ") < text.index("| torch-split ")
+
+
+def test_compile_bench_rounds_and_clipped_recipes(monkeypatch):
+    # --rounds: one child per recipe and round, in turns (the first with a
+    # cold cache); each recipe's ratio per round and its interleaved pair are
+    # against torchext's recipe with the same clipping (+clip).
+    from torchext.bench import compile as ts
+    from torchext.bench.common import Env
+    assert ts.split_recipe("torch-split+clip") == ("torch-split", True)
+    assert ts.base_recipe("torchext-fullgraph+clip") == "torchext+clip"
+    assert ts.base_recipe("torch-split") == "torchext"
+    assert "torch-split+clip" in ts.default_recipes() and "torchext+clip" in ts.default_recipes()
+    ms = {"torchext": [8.0, 7.0, 9.0], "torch-split": [9.6, 7.7, 9.0],
+          "torchext+clip": [8.0, 8.0, 8.0], "torch-split+clip": [10.0, 9.6, 8.8]}
+    calls = []
+
+    def child(args, cache, timeout):
+        if "--ab" in args:
+            base, other = args[args.index("--ab") + 1].split(",")
+            calls.append(("ab", base, other))
+            return {base: [ms[base][0], 0.5], other: [ms[other][0], 1.5]}
+        r = args[args.index("--recipe") + 1]
+        calls.append(r)
+        k = sum(1 for c in calls if c == r) - 1
+        return dict(tensors=128, to_steady_s=20.0, to_steady_cpu_s=19.0,
+                    recompiles_after_first_call=0, steady=True, ms_step=ms[r][k],
+                    opt_scaler_ms=0.5, peak_rss_MiB=900.0, load=0.5 + k)
+
+    monkeypatch.setattr(ts, "_child", child)
+    recipes = ["torchext", "torch-split", "torchext+clip", "torch-split+clip"]
+    rows = ts.run_model("mlp-128", recipes, torch.device("cpu"), repeat=5, timeout=1, rounds=3)
+    assert calls[:12] == recipes * 3  # rounds in turns
+    assert calls[12:] == [("ab", "torchext", "torch-split"),
+                          ("ab", "torchext+clip", "torch-split+clip")]
+    assert rows["torch-split"]["round_speedups"] == pytest.approx([1.2, 1.1, 1.0])
+    assert rows["torch-split+clip"]["round_speedups"] == pytest.approx([1.25, 1.2, 1.1])
+    res = ts.result_of("mlp-128", rows)
+    assert res.speedup == pytest.approx({"torch-split": 1.2, "torch-split+clip": 1.25})
+    text = ts.report(Env("cpu", quick=False), [res])
+    assert "1.20x (1.10-1.25x)" in text and "9.60 (8.80-10.00)" in text
+    assert "clipped" in text and "1.5 (0.5-2.5)" in text  # loads of the three rounds
+    assert ("warning: load up to 2.5" in text) == (2.5 > ts.BUSY_LOAD + torch.get_num_threads())
+    monkeypatch.setattr(ts, "BUSY_LOAD", -torch.get_num_threads())  # any load is "busy"
+    assert "warning: load up to 2.5" in ts.report(Env("cpu", quick=False), [res])
+    # --threads reaches every child
+    calls.clear()
+    seen = []
+    monkeypatch.setattr(ts, "_child", lambda args, cache, timeout: seen.append(args) or child(
+        args, cache, timeout))
+    ts.run_model("mlp-128", recipes[:2], torch.device("cpu"), repeat=5, timeout=1, threads=1)
+    assert len(seen) == 3 and all(a[a.index("--threads") + 1] == "1" for a in seen)
+
+
+def test_compile_bench_phases_table():
+    # --phases: ms per phase of each step, recipes in turns in one process.
+    from torchext.bench import compile as ts
+    d = dict(total=7.4, p10=7.0, p90=7.8, zero_grad=0.17, forward=3.0, scale=0.012,
+             backward=3.7, clip=0.001, step=0.375, update=0.034)
+    text = ts.phases_report("mlp-128", {"load": [1.5, 2.0], "torchext": d}, cpu_time=False)
+    assert "wall time" in text and "load 1.5 -> 2.0" in text
+    row = next(line for line in text.splitlines() if line.startswith("| torchext "))
+    assert "7.40 (7.00-7.80)" in row and "| 0.375 " in row
+    header = next(line for line in text.splitlines() if line.startswith("| recipe "))
+    assert [h.strip() for h in header.strip("|").split("|")][2:] == list(ts.STEP_PHASES)

@@ -52,7 +52,8 @@ def plot_compile(results, path, title=""):
     import matplotlib.pyplot as plt
 
     recipes = list(dict.fromkeys(r for res in results for r in res["extra"]["recipes"]))
-    others = [r for r in recipes if r != "torchext"]
+    from .compile import base_recipe
+    others = [r for r in recipes if r != base_recipe(r)]  # (each against its own base)
     labels = [f"{res['case']}\n({res['extra']['tensors']} tensors)" for res in results]
     fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(14, 4.8))
     colors = {r: f"C{i}" for i, r in enumerate(recipes)}
