@@ -23,7 +23,8 @@ _RUNNABLE = _ORDER[: _ORDER.index(_HOST) + 1] if _HOST in _ORDER else ["default"
 # The tests that run the CPU kernels' math: ASGD parity with torch, and the
 # unscale / inf-check / fused-unscale kernels.
 _SUITES = [os.path.join(SRC, "tests", f) for f in ("optim/test_asgd_parity.py", "ops/test_ops.py")]
-_OPS_FILTER = "unscale or check_finite or grad_scale or mixed or found_inf or matches_torch"
+_OPS_FILTER = ("unscale or check_finite or grad_scale or mixed or found_inf or matches_torch "
+               "or tensor_norms")
 
 
 def test_library_uses_atens_choice():
