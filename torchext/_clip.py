@@ -97,6 +97,8 @@ def check_nonfinite(total_norm: Tensor, norm_type: float, error_if_nonfinite: bo
 def total_norm_of(norms: list[Tensor], norm_type: float, device: torch.device) -> Tensor:
     """The norm of the per-tensor norms (one tensor per device), on
     ``device``: torch's ``vector_norm(stack(norms))``."""
+    if len(norms) == 1 and norms[0].device == device:  # (one device: no cat, no copy)
+        return torch.linalg.vector_norm(norms[0], norm_type)
     return torch.linalg.vector_norm(torch.cat([n.to(device) for n in norms]), norm_type)
 
 

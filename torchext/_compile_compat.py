@@ -218,7 +218,13 @@ class GroupsAlias:
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Resets the gradients of all optimized tensors, as torch's
         ``Optimizer.zero_grad``, but traceable by ``torch.compile``."""
-        for group in self._current_groups():
+        groups = self._current_groups()
+        if set_to_none:  # (no read first, no call per param: a third of the loop's time)
+            for group in groups:
+                for p in group["params"]:
+                    p.grad = None
+            return
+        for group in groups:
             for p in group["params"]:
                 _zero_one_grad(p, set_to_none)
 
