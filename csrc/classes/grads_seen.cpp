@@ -20,31 +20,34 @@
 
 namespace torchext {
 
-GradsSeen::GradsSeen(std::vector<at::Tensor> params) : params_(std::move(params)) {
-  grads_.reserve(params_.size());
-  versions_.reserve(params_.size());
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (i + kPrefetchImpl < params_.size()) {
-      prefetch_impl(params_[i + kPrefetchImpl].unsafeGetTensorImpl());
-    }
-    const at::Tensor& g = params_[i].grad();
-    if (g.defined()) {
-      grads_.emplace_back(g.getIntrusivePtr());
-      versions_.push_back(g._version());
-    } else {
-      grads_.emplace_back(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>());
-      versions_.push_back(-1);
-    }
+GradsSeen::GradsSeen(std::vector<at::Tensor> params)
+    : GradsSeen(std::make_shared<const std::vector<at::Tensor>>(std::move(params))) {}
+
+GradsSeen::GradsSeen(Params params) : GradsSeen(std::move(params), true) {
+  const std::vector<at::Tensor>& ps = *params_;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    if (i + kPrefetchImpl < ps.size()) prefetch_impl(ps[i + kPrefetchImpl].unsafeGetTensorImpl());
+    add(ps[i].grad());
+  }
+}
+
+void GradsSeen::add(const at::Tensor& g) {
+  if (g.defined()) {
+    grads_.emplace_back(g.getIntrusivePtr());
+    versions_.push_back(g._version());
+  } else {
+    grads_.emplace_back(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>());
+    versions_.push_back(-1);
   }
 }
 
 int64_t GradsSeen::changed() const {
+  TORCH_CHECK(grads_.size() == params_->size(), "GradsSeen: not filled");
+  const std::vector<at::Tensor>& ps = *params_;
   bool written = false;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (i + kPrefetchImpl < params_.size()) {
-      prefetch_impl(params_[i + kPrefetchImpl].unsafeGetTensorImpl());
-    }
-    const at::Tensor& g = params_[i].grad();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    if (i + kPrefetchImpl < ps.size()) prefetch_impl(ps[i + kPrefetchImpl].unsafeGetTensorImpl());
+    const at::Tensor& g = ps[i].grad();
     const WeakImpl& seen = grads_[i];
     if (!g.defined()) {
       if (versions_[i] != -1) return kReplaced;  // removed

@@ -9,6 +9,7 @@
 #include <torch/library.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace torchext {
@@ -20,13 +21,24 @@ class GradsSeen : public torch::CustomClassHolder {
   static constexpr int64_t kReplaced = 1;  // some gradient was replaced, removed or added
   static constexpr int64_t kWritten = 2;   // the same gradients, some written in place
 
+  using Params = std::shared_ptr<const std::vector<at::Tensor>>;
+
   explicit GradsSeen(std::vector<at::Tensor> params);
+  // Records each param's current .grad (ASGDHolder shares its params list).
+  explicit GradsSeen(Params params);
+  // Empty, for a walk that already reads every param's .grad to fill with
+  // add() in param order (ASGDHolder::norms: one walk, one call from Python).
+  GradsSeen(Params params, bool /*filled_by_caller*/) : params_(std::move(params)) {
+    grads_.reserve(params_->size());
+    versions_.reserve(params_->size());
+  }
+  void add(const at::Tensor& grad);  // grad undefined: the param had none
   int64_t changed() const;
-  size_t size() const { return params_.size(); }
+  size_t size() const { return params_->size(); }
 
  private:
   using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
-  std::vector<at::Tensor> params_;
+  Params params_;
   std::vector<WeakImpl> grads_;   // empty where a param had no gradient
   std::vector<int64_t> versions_;  // -1 where a param had no gradient
 };

@@ -213,10 +213,12 @@ class ASGD(GroupsAlias, Optimizer):
         seen = []
         for pgs in slots:
             for sg in pgs.slot_groups:
-                holder = sg.holder()
-                out = sg.native_norms(norm_type, _devices.on_device(inv_scale, sg.device),
-                                      found.get(sg.device), check, allow_fp16)
-                seen.append(holder.seen())
+                if sg.native_norms is None:
+                    sg.holder()  # (made at first use; binds native_norms)
+                out, grads_seen = sg.native_norms(
+                    norm_type, _devices.on_device(inv_scale, sg.device), found.get(sg.device),
+                    check, allow_fp16)
+                seen.append(grads_seen)
                 if out:
                     norms.append(out[0])
                     if check:
