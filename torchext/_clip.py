@@ -250,7 +250,7 @@ def clip_with_norm_(parameters: list[Tensor], max_norm: float, total: Tensor,
                     foreach: bool | None) -> None:
     """torch's ``clip_grads_with_norm_``: the parameters' gradients times the
     clip coefficient, in place, one fused pass per device."""
-    grads = [p.grad for p in parameters if p.grad is not None]
+    grads = [g for p in parameters if (g := p.grad) is not None]  # (one .grad read each)
     coef = clip_coef(total, max_norm) if grads else None
     if coef is None or _one_call_multiply_(grads, coef, foreach):
         return
@@ -267,7 +267,7 @@ def clip_(parameters: list[Tensor], max_norm: float, norm_type: float,
     fused read for the norms and one fused pass for the multiply per
     device; returns the total norm (before clipping)."""
     with torch.no_grad():
-        grads = [p.grad for p in parameters if p.grad is not None]
+        grads = [g for p in parameters if (g := p.grad) is not None]  # (one .grad read each)
         total = total_norm(grads, float(norm_type), error_if_nonfinite, foreach)
         coef = clip_coef(total, max_norm) if grads else None
         if coef is not None and not _one_call_multiply_(grads, coef, foreach):
