@@ -150,10 +150,12 @@ def test_save_state_load_state_continues_exactly(run, tmp_path):
 def test_checkpoints_move_between_the_scalers(tmp_path):
     """A checkpoint of accelerate's scaler resumes with torchext's and back."""
     whole = train(*REFERENCE, checkpoint=tmp_path / "torch")
-    train("torchext", "torchext", checkpoint=tmp_path / "torchext")
+    made = train("torchext", "torchext", checkpoint=tmp_path / "torchext")
     for ckpt, run in (("torch", ("torchext", "torchext")), ("torchext", ("torchext", "torch"))):
         resumed = train(*run, resume=tmp_path / ckpt)
-        compare = assert_close if resumed[2] else assert_same
+        # (a checkpoint the fused clip made carries its rounding: FOLD_RTOL)
+        fused = resumed[2] or (ckpt == "torchext" and made[2])
+        compare = assert_close if fused else assert_same
         compare(resumed[1], whole[1], f"{ckpt} checkpoint resumed by {run}")
 
 

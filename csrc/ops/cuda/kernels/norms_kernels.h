@@ -17,10 +17,11 @@
 //      order, the norm finished (root, float32 overflow) and rounded to the
 //      tensor's dtype, then stored in the output's.
 //
-// Accumulation, as the CPU kernel's: per thread in float32 for the 1-, 2-,
+// Accumulation, as the CPU kernel's: per thread in float32 for the 1-,
 // inf and -inf norms of float32/fp16/bf16 tensors (the CPU kernel's float
 // lanes; here a chain is at most 128 elements: a 64K chunk over 512
-// threads), in double for float64, complex pairs, 0 and other p (the CPU's
+// threads), in double for 2-norms (their squares underflow float32 below
+// 1e-19), float64, complex pairs, 0 and other p (the CPU's double lanes and
 // scalar loop); threads into a block, blocks into a tensor in double.
 //
 // Determinism: a partial depends only on its chunk's elements and the block
@@ -105,8 +106,10 @@ struct NormFold {
   using real_t = typename NormElement<E>::real_t;
   using opmath_t = at::opmath_type<real_t>;
   static constexpr bool kPairs = NormElement<E>::kPairs;
+  // The 2-norm's squares in double, as on the CPU: the square of an unscaled
+  // gradient below 1e-19 is a float32 denormal with a few bits left.
   using acc_t = std::conditional_t<kPairs || K == math::NormKind::kZero ||
-                                       K == math::NormKind::kP,
+                                       K == math::NormKind::kTwo || K == math::NormKind::kP,
                                    double, opmath_t>;
 
   C10_HOST_DEVICE static opmath_t unscaled(real_t x, bool scale, opmath_t inv, bool& bad) {
