@@ -295,7 +295,10 @@ class ASGD(GroupsAlias, Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         """As torch's ``Optimizer.zero_grad`` (traceable by torch.compile),
         and drops a pending :meth:`clip_grad_norm_`: its gradients are gone."""
-        self._clip_slot.pending = None
+        if self._clip_slot.pending is not None:
+            # (written only when there is one: a compiled step on torch 2.14
+            # replayed the write of None as the write of a graph output)
+            self._clip_slot.pending = None
         super().zero_grad(set_to_none)
 
     # ------------------------------------------------------------------ step
