@@ -192,10 +192,6 @@ struct ASGDHolder : torch::CustomClassHolder {
     if (found_inf) out.push_back(*found_inf);
     return {std::move(out), seen};
   }
-
-  // The held params' gradients as they are now, for a pending clip to tell
-  // later whether it still has them (grads_seen.h).
-  c10::intrusive_ptr<GradsSeen> seen() { return c10::make_intrusive<GradsSeen>(param_list); }
 };
 
 }  // namespace
@@ -208,8 +204,7 @@ TORCH_LIBRARY_FRAGMENT(torchext, m) {
       .def("set_ax", &ASGDHolder::set_ax)
       .def("run", &ASGDHolder::run)
       .def("check_finite", &ASGDHolder::check_finite)
-      .def("norms", &ASGDHolder::norms)
-      .def("seen", &ASGDHolder::seen);
+      .def("norms", &ASGDHolder::norms);
 }
 
 }  // namespace torchext

@@ -1,7 +1,7 @@
 // torchext::GradsSeen (torch.classes.torchext.GradsSeen): the parameters'
 // gradients as a clip measured them, to tell later whether they are still
-// those (grads_seen.cpp says why and how). Also built by ASGDHolder.seen(),
-// from the params it holds, without a list from Python.
+// those (grads_seen.cpp says why and how). Also filled by ASGDHolder::norms,
+// in the walk of its norms' read, sharing the params list it holds.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -24,7 +24,7 @@ class GradsSeen : public torch::CustomClassHolder {
   using Params = std::shared_ptr<const std::vector<at::Tensor>>;
 
   explicit GradsSeen(std::vector<at::Tensor> params);
-  // Records each param's current .grad (ASGDHolder shares its params list).
+  // Records each param's current .grad.
   explicit GradsSeen(Params params);
   // Empty, for a walk that already reads every param's .grad to fill with
   // add() in param order (ASGDHolder::norms: one walk, one call from Python).
