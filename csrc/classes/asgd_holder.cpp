@@ -14,7 +14,6 @@
 // rebuilds the slot group, and never uses one while torch.compile traces.
 #include "../ops/asgd_args.h"
 #include "../utils/prefetch.h"
-#include "grads_seen.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -31,10 +30,8 @@ namespace torchext {
 namespace {
 
 struct ASGDHolder : torch::CustomClassHolder {
-  // The params, read for their .grad; shared with the GradsSeen records of
-  // its clips (no copy of the list, no refcount per param and clip).
-  GradsSeen::Params param_list;
-  const std::vector<at::Tensor>& param_vec;
+  // The params, read for their .grad.
+  const std::vector<at::Tensor> param_vec;
   // Made once, as the op's kernels take them (a c10::List is pushed as one
   // reference): no held tensor is converted or refcounted per step; only
   // grads are refilled.
@@ -44,8 +41,7 @@ struct ASGDHolder : torch::CustomClassHolder {
 
   ASGDHolder(std::vector<at::Tensor> params_, std::vector<std::optional<at::Tensor>> axs_,
              at::Tensor mus_, at::Tensor etas_, at::Tensor steps_)
-      : param_list(std::make_shared<const std::vector<at::Tensor>>(params_)),
-        param_vec(*param_list),
+      : param_vec(params_),
         mus(std::move(mus_)), etas(std::move(etas_)), steps(std::move(steps_)) {
     TORCH_CHECK(axs_.size() == param_vec.size(), "ASGDHolder: one ax per param");
     params.reserve(param_vec.size());
@@ -155,28 +151,25 @@ struct ASGDHolder : torch::CustomClassHolder {
     return found_inf;
   }
 
-  // GradScaler.clip_grad_norm_'s one read of the held params' grads
-  // (torchext::tensor_norms), without a list from Python: their norms (of
-  // the unscaled grads with inv_scale) and, when `check`, the inf/NaN check
-  // into found_inf (made here, as check_finite does, when none is passed);
-  // and which gradients it measured (the pending clip's GradsSeen, filled in
-  // the same walk). Returns ([norms, found_inf], seen) ([norms] without the
-  // check; [] when no param has a grad).
-  std::tuple<std::vector<at::Tensor>, c10::intrusive_ptr<GradsSeen>> norms(
+  // The clip's one read of the held params' grads (torchext::tensor_norms),
+  // without a list from Python: their norms (of the unscaled grads with
+  // inv_scale) and, when `check`, the inf/NaN check into found_inf (made
+  // here, as check_finite does, when none is passed). Returns
+  // [norms, found_inf] ([norms] without the check; [] when no param has a
+  // grad).
+  std::vector<at::Tensor> norms(
       double ord, const std::optional<at::Tensor>& inv_scale,
       const std::optional<at::Tensor>& found_inf_, bool check, bool allow_fp16) {
-    auto seen = c10::make_intrusive<GradsSeen>(param_list, true);
     c10::List<at::Tensor> present;
     present.reserve(param_vec.size());
     for (const auto& p : param_vec) {
       const at::Tensor& g = p.grad();
-      seen->add(g);
       if (g.defined()) {
         check_fp16(g, allow_fp16);
         present.push_back(g);
       }
     }
-    if (present.empty()) return {std::vector<at::Tensor>{}, seen};
+    if (present.empty()) return {};
     std::optional<at::Tensor> found_inf;
     if (check) {
       found_inf = found_inf_.has_value()
@@ -190,14 +183,13 @@ struct ASGDHolder : torch::CustomClassHolder {
     op.callBoxed(&stack);
     std::vector<at::Tensor> out{stack.back().toTensor()};
     if (found_inf) out.push_back(*found_inf);
-    return {std::move(out), seen};
+    return out;
   }
 };
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(torchext, m) {
-  register_grads_seen(m);
   m.class_<ASGDHolder>("ASGDHolder")
       .def(torch::init<std::vector<at::Tensor>, std::vector<std::optional<at::Tensor>>,
                        at::Tensor, at::Tensor, at::Tensor>())
