@@ -1,34 +1,46 @@
 """Gradient clipping by norm: the machinery shared by the drop-ins
-(``torchext.nn.utils``), ``GradScaler.clip_grad_norm_`` and
-``ASGD.clip_grad_norm_``, and the one pending clip, :class:`PendingClip`.
+(``torchext.nn.utils``), ``GradScaler.clip_grad_norm_`` /
+``clip_and_step`` and ``ASGD.clip_grad_norm_`` / ``clip_and_step``.
 
-torch's recipe (``scaler.unscale_(opt)``, ``clip_grad_norm_``, ``step``)
-reads the gradients for the norm and rewrites them twice. torchext's reads
-them once (``tensor_norms``: the per-tensor norms, with the inf/NaN check in
-the same read) and leaves the multiplies to the step: the clip coefficient
-waits in a :class:`PendingClip` until the next step consumes it, where a
-fused step (torchext's ASGD, torch's fused Adam/AdamW/SGD) multiplies on
-the fly and any other optimizer gets its gradients multiplied in one pass.
-Everything between the read and the multiply is torch's own arithmetic on
-the small tensor of norms, so the total norm, its dtype and its device are
-torch's.
+A clip is two halves, one function each:
 
-Where a clip is computed, where it waits and where it is applied:
+* :func:`measure`: one fused read of an optimizer's gradients
+  (``tensor_norms``: the per-tensor norms, of the unscaled gradients with
+  the inf/NaN check in the same read when a scaler asks), then torch's own
+  arithmetic on the small tensor of norms (:func:`total_norm_of`,
+  :func:`reduce_sharded`), so the total norm, its dtype and its device are
+  torch's;
+* :func:`apply_`: one fused pass that writes ``grad * inv_scale * coef``,
+  rounded after each factor as torch's ``unscale_`` then clip store them.
 
-* computed: :func:`total_norm_of` and :func:`clip_coef` on the norms of one
-  read (``GradScaler.clip_grad_norm_``, ``ASGD.clip_grad_norm_``);
-* waits: in one :class:`PendingClip` per optimizer, the scaler's record of
-  that optimizer (``GradScaler._per_optimizer_states[id(opt)]["clip"]``) when
-  the clip came through an enabled scaler, else the optimizer's own
-  (``ASGD._pending_clip``);
-* applied: by the next step (:func:`fold` says how each kind of optimizer
-  takes it), or, where the gradients must be as torch's recipe leaves them
-  first, by :meth:`PendingClip.apply_`.
+Note [Clip: applied when called, folded only inside one call]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Between two of the user's calls nothing is pending. The two-call clip
+(``scaler.clip_grad_norm_(opt, ...)`` or ``opt.clip_grad_norm_(...)``, then
+``step``) measures and applies at once, and leaves what torch's recipe
+(``unscale_``, ``torch.nn.utils.clip_grad_norm_``) leaves: the gradients
+unscaled and clipped, the scaler's record UNSCALED with its inf check.
+Whatever user code does next (replace ``.grad``, write through ``.data``,
+step pre-hooks, ``add_param_group``, a compiled step) the step uses what the
+gradients hold, as in torch. No check could see every such write, so there
+is no window to guard.
+
+The fold (the coefficient handed to the fused step instead of a pass that
+rewrites the gradients: DeepSpeed's ``engine.step()``) happens only inside
+one call, ``clip_and_step``, where no user code runs between the measure
+and the step: torchext's ASGD gets two factors (``grad_scale`` then
+``clip_coef``, multiplied one after the other in registers, torch's two
+roundings at every scale up to 2**127); torch's fused Adam/AdamW/SGD get
+``grad_scale = scale / coef`` where that float32 is finite (read on the
+host; the pass first otherwise, and always under torch.compile or CUDA-graph
+capture); plain optimizers, and any optimizer with step pre-hooks (user code
+that would run between the halves), get the pass first. The C++ front end
+states the same rule (``csrc/api/clip_grad.h``, under the same title).
 """
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -36,12 +48,14 @@ from torch.nn.utils import clip_grad as _torch_clip_grad
 from torch.utils._foreach_utils import _device_has_foreach_support
 
 from . import _devices
+from .amp import protocol
+from .amp._grads import GradsByDevice
 
 __all__ = ["torchext_serves", "check_nonfinite", "total_norm_of", "clip_coef",
            "reduce_sharded", "norms_of", "device_norms", "multiply_", "total_norm",
            "clip_with_norm_", "clip_", "TORCH_CLIP_GRAD_NORM_", "TORCH_GET_TOTAL_NORM",
-           "TORCH_CLIP_GRADS_WITH_NORM_", "PendingClip", "GradsChangedError", "SAME", "REPLACED",
-           "WRITTEN", "ClipSlot", "fold", "Factors", "TWO_FACTORS", "ONE_FACTOR"]
+           "TORCH_CLIP_GRADS_WITH_NORM_", "ClipAndStep", "Measured", "measure", "apply_",
+           "one_factor", "has_step_pre_hooks"]
 
 
 def _torch_own(*names: str):
@@ -275,160 +289,134 @@ def clip_(parameters: list[Tensor], max_norm: float, norm_type: float,
         return total
 
 
-# ------------------------------------------------------------ the pending clip
-
-class GradsChangedError(RuntimeError):
-    """A step was asked to apply a pending clip to gradients written in place
-    since the clip measured them."""
 
 
-#: What :meth:`PendingClip.status` says of the gradients it measured.
-SAME, REPLACED, WRITTEN = 0, 1, 2
+# ------------------------------------------------- the two halves of a clip
+# (Note [Clip: applied when called, folded only inside one call] above)
+
+class ClipAndStep(NamedTuple):
+    """What ``clip_and_step`` returns: the total norm (before clipping, as
+    ``clip_grad_norm_`` returns it) and what the optimizer's ``step()``
+    returned (None when a scaler skipped it)."""
+    total_norm: Tensor
+    result: Any
 
 
-class PendingClip:
-    """A clip (and, through a scaler, an unscale) whose multiplies wait for
-    the next step: the one record of a pending clip, in one of two homes (the
-    scaler's record of the optimizer when the clip came through an enabled
-    GradScaler, else the optimizer's ``_pending_clip``).
-
-    ``optimizer``: the optimizer whose gradients it measured. ``coef``: the
-    clip coefficient (a 0-d device tensor, the total norm's dtype; None for
-    ``max_norm=inf``, which never clips). ``scaled``: the gradients are
-    still multiplied by the loss scale (the scaler's clip read them before
-    any unscale). ``seen``: which gradients it measured
-    (``torch.classes.torchext.GradsSeen``, one per holder for torchext's
-    ASGD; None while torch.compile traces, where nothing can come between a
-    clip and its step in the same graph).
-
-    Its whole life, the rule being *a clip applies to the gradients it
-    measured, or to nothing*:
-
-    * made by a clip, after everything that can refuse (bad gradients,
-      ``error_if_nonfinite``) has passed: a refused clip records nothing;
-    * consumed by the next step of its optimizer, exactly once. A fused step
-      takes its factors (:func:`fold`); any other optimizer gets its
-      gradients multiplied first (:meth:`apply_`). A step that raises before
-      it writes keeps it, so a retry over the same gradients applies it once;
-      one that multiplied the gradients first has consumed it (the record
-      then says the gradients are unscaled, as they are);
-    * applied to the gradients as torch's recipe leaves them
-      (:meth:`apply_`) when something needs them so: a second clip (which
-      then composes as torch's: it measures the clipped gradients, so the
-      smaller bound wins), ``state_dict()`` of the optimizer that holds it,
-      and the scaler's ``load_state_dict`` (which changes the scale);
-    * dropped by the holder's ``zero_grad()`` (ASGD) or ``update()``
-      (GradScaler), and when its gradients were replaced or removed since
-      (``zero_grad(set_to_none=True)``, a new ``.grad``): it has nothing left
-      to apply to, and the step takes the gradients it finds unclipped (with
-      a scaler: checked and unscaled afresh);
-    * refused (:class:`GradsChangedError`, nothing changed) by a step when a
-      gradient it measured was written in place since (a backward that
-      accumulated, ``zero_()``, an edit): those are not the gradients it
-      measured, and what they hold now cannot be told; so is a second clip
-      (torch's would measure the first clip's result plus what was written).
-    """
-    __slots__ = ("optimizer", "coef", "scaled", "seen")
-
-    def __init__(self, optimizer, coef: Tensor | None, scaled: bool, seen) -> None:
-        self.optimizer, self.coef, self.scaled, self.seen = optimizer, coef, scaled, seen
-
-    def status(self) -> int:
-        """SAME, REPLACED or WRITTEN: the gradients against those measured
-        (SAME while torch.compile traces, or with no record of them)."""
-        if self.seen is None or torch.compiler.is_compiling():
-            return SAME
-        worst = SAME
-        for seen in self.seen:
-            worst = max(worst, seen.changed())
-            if worst == REPLACED:
-                break
-        return worst
-
-    def valid(self) -> bool:
-        """True when it still applies; False when its gradients were replaced
-        or removed (drop it); raises :class:`GradsChangedError` when they
-        were written in place."""
-        status = self.status()
-        if status == WRITTEN:
-            raise GradsChangedError(
-                "a gradient clipped by clip_grad_norm_() was written in place since the "
-                "clip measured it (a backward that accumulated into it, zero_grad("
-                "set_to_none=False), or an edit), so the pending clip cannot apply to it. "
-                "Clip after the last write to the gradients, or drop the pending clip first "
-                "(optimizer.zero_grad(), or scaler.update() with a GradScaler). Nothing was "
-                "changed.")
-        return status == SAME
-
-    def apply_(self, grads: list[Tensor], scale: Tensor | None) -> None:
-        """Multiplies ``grads`` (every gradient it measured: for sparse ones,
-        their values) in place as torch's recipe leaves them: by
-        ``1 / scale`` (float32, as ``unscale_``) when they are still scaled,
-        then by ``coef``, rounded after each factor."""
-        inv = None
-        if self.scaled:
-            inv = scale.double().reciprocal().float()
-        multiply_(grads, inv, self.coef)
+class Measured(NamedTuple):
+    """One read of one or more optimizers' gradients: the total norm over
+    all of them (None when none has a gradient); per optimizer, the inf/NaN
+    check of the read (found_inf per device; None where no scale was given)
+    and its gradients (:class:`GradsByDevice`, for :func:`apply_`; None when
+    read through torchext's C++ holders)."""
+    total: Tensor | None
+    found: list
+    grads: list
 
 
-class ClipSlot:
-    """Where an optimizer keeps its own :class:`PendingClip` (``pending``).
-    A plain object: Dynamo drops attribute writes on a
-    ``torch.optim.Optimizer`` made inside compiled code, so a clip consumed
-    by a compiled step, written as an optimizer attribute, would stay
-    pending; a write on an object the optimizer holds is kept."""
+def measure(reads: list[tuple[Any, Tensor | None]], norm_type: float, allow_fp16: bool,
+            sharded_group=None) -> Measured:
+    """The measuring half of a clip: ``reads`` is ``(optimizer, inv_scale)``
+    pairs, ``inv_scale`` None for gradients already unscaled (no inf check
+    then). One fused read per optimizer and device; refuses bad gradients
+    (fp16 without ``allow_fp16``, with unscale_'s error) before anything is
+    written. With sharded (DTensor) gradients the total is the global norm,
+    all-reduced over ``sharded_group()`` (a callable, asked only then)."""
+    norms: list[Tensor] = []
+    found: list = []
+    grads_of: list = []
+    sharded = False
+    first_device = None
+    for optimizer, inv_scale in reads:
+        own = protocol.fused_norms(optimizer, norm_type, inv_scale, allow_fp16)
+        if own is not None:  # torchext's ASGD: through its C++ holders, no list
+            own_norms, own_found = own
+            norms.extend(own_norms)
+            found.append(own_found)
+            grads_of.append(None)
+            if own_norms and first_device is None:
+                first_device = own_norms[0].device
+            continue
+        grads = GradsByDevice(optimizer, allow_fp16)
+        grads_of.append(grads)
+        lists = grads.norm_lists
+        if grads.sharded:  # an empty local shard adds nothing to the global norm
+            sharded = True
+            lists = {d: [t for t in ts if t.numel()] for d, ts in lists.items()}
+        if lists and first_device is None:
+            first_device = next(iter(lists))
+        found.append(grads.each_device(
+            lambda device, ts, f: norms.append(norms_of(
+                ts, norm_type, device, inv_scale, None if inv_scale is None else f)),
+            lists) if inv_scale is not None else None)
+    if first_device is None:
+        return Measured(None, found, grads_of)
+    with torch.no_grad():
+        total = total_norm_of(norms, norm_type, first_device)
+        if sharded:
+            total = reduce_sharded(total, norm_type, sharded_group())
+    return Measured(total, found, grads_of)
 
-    def __init__(self) -> None:
-        self.pending: PendingClip | None = None
+
+def apply_(optimizer, grads: GradsByDevice | None, inv_scale: Tensor | None,
+           coef: Tensor | None) -> None:
+    """The applying half: the optimizer's gradients (``grads``, or gathered
+    now when the read went through the holders) times ``inv_scale`` then
+    ``coef`` in place, one fused pass per device, rounded after each factor
+    as torch's ``unscale_`` then clip store them. Either factor may be None."""
+    if inv_scale is None and coef is None:
+        return
+    if grads is None:
+        grads = GradsByDevice(optimizer, allow_fp16=True)
+    for param, coalesced in grads.coalesced:
+        param.grad = coalesced
+    with torch.no_grad():
+        multiply_(grads.all(), inv_scale, coef)
 
 
-#: How an optimizer takes a pending clip at its step (see :func:`fold`).
-TWO_FACTORS = "two factors"   # grad_scale and clip_coef (torchext's fused-step protocol)
-ONE_FACTOR = "one factor"     # grad_scale only (torch's fused Adam/AdamW/SGD)
+def one_factor(scale: Tensor | None, coef: Tensor, may_read_host: bool) -> Tensor | None:
+    """The one ``grad_scale`` that carries an unscale and a clip into a
+    one-factor fused step (torch's fused Adam/AdamW/SGD divide by it):
+    ``scale / coef`` (``1 / coef`` for unscaled gradients) when that float32
+    is finite, within two float32 roundings of torch's recipe. None when it
+    is not (2**127 / 0.1 overflows, and the step would be a silent zero) or
+    cannot be read on the host (torch.compile, CUDA-graph capture): the
+    caller then applies the pass first."""
+    if not may_read_host:
+        return None
+    coef32 = coef.float().to(scale.device if scale is not None else coef.device,
+                             non_blocking=True)
+    folded = coef32.reciprocal() if scale is None else scale / coef32
+    return folded if bool(torch.isfinite(folded)) else None
 
 
-class Factors(NamedTuple):
-    """What a fused step gets: ``grad_scale`` (the gradients are divided by
-    it), ``clip_coef`` (then multiplied by it; two-factor optimizers only),
-    and ``rewrite``: True when the pending clip must be applied to the
-    gradients first (:meth:`PendingClip.apply_`) because one float32
-    ``grad_scale`` cannot carry it."""
-    grad_scale: Tensor | None
-    clip_coef: Tensor | None
-    rewrite: bool
+def has_step_pre_hooks(optimizer) -> bool:
+    """Whether user code would run between the two halves of a fold (torch's
+    global or per-instance optimizer step pre-hooks): ``clip_and_step`` then
+    applies the clip to the gradients first, so the hooks see torch's values."""
+    from torch.optim import optimizer as torch_optimizer
+    return bool(torch_optimizer._global_optimizer_pre_hooks
+                or getattr(optimizer, "_optimizer_step_pre_hooks", None))
 
 
-def fold(clip: PendingClip | None, scale: Tensor | None, kind: str,
-         may_read_host: bool) -> Factors:
-    """The one fold of a pending clip into a fused step, exact at every scale
-    torch's scaler reaches (up to 2**127, and FLT_MAX) and every coefficient
-    down to float32's smallest normal.
+def clip_optimizers_(optimizers: list, max_norm: float, norm_type: float,
+                     error_if_nonfinite: bool, foreach: bool | None) -> Tensor:
+    """The clip of a disabled scaler (nothing is scaled): torchext's ASGD
+    clips its own gradients (through its holders); anything else, or
+    several optimizers at once, the drop-in over every parameter."""
+    if len(optimizers) == 1 and getattr(optimizers[0], protocol.STEP, False) and hasattr(
+            optimizers[0], "clip_grad_norm_"):
+        return optimizers[0].clip_grad_norm_(max_norm, norm_type, error_if_nonfinite, foreach)
+    from ._compile_compat import param_groups
+    params = [p for opt in optimizers for g in param_groups(opt) for p in g["params"]]
+    return clip_(params, max_norm, norm_type, error_if_nonfinite, foreach)
 
-    ``scale``: the scaler's scale, applied when the gradients are still
-    scaled (``clip.scaled``, or no clip and a scaled step). Two-factor
-    optimizers get both factors, applied one after the other in registers,
-    exactly torch's recipe's two multiplies. A one-factor optimizer gets
-    ``scale / coef`` when that is a finite float32 (it then divides by it:
-    within two float32 roundings of torch's recipe); it is not at large
-    scales with small coefficients (2**127 / 0.1 overflows, and the step
-    would be a silent zero), and then the gradients are multiplied first
-    (``rewrite``) and it gets no ``grad_scale``. Whether it is finite is a
-    host read, made only where ``may_read_host`` (eager, not capturing);
-    where none may happen (torch.compile, CUDA-graph capture) the gradients
-    are always multiplied first: one more pass over them, no sync."""
-    if clip is None:
-        return Factors(scale, None, False)
-    step_scale = scale if clip.scaled else None
-    coef = clip.coef
-    if coef is None:  # max_norm=inf: an unscale alone
-        return Factors(step_scale, None, False)
-    if kind == TWO_FACTORS:
-        return Factors(step_scale, coef if coef.dtype in (torch.float32, torch.float64)
-                       else coef.float(), False)
-    if may_read_host:
-        coef32 = coef.float().to(step_scale.device if step_scale is not None else coef.device,
-                                 non_blocking=True)
-        folded = coef32.reciprocal() if step_scale is None else step_scale / coef32
-        if bool(torch.isfinite(folded)):
-            return Factors(folded, None, False)
-    return Factors(None, None, True)
+
+def clip_and_step_plain(optimizer, max_norm: float, norm_type: float, error_if_nonfinite: bool,
+                        step_kwargs: dict) -> ClipAndStep:
+    """``clip_and_step`` with nothing scaled (a disabled scaler): torchext's
+    ASGD's own, else the drop-in clip then the optimizer's step."""
+    own = getattr(optimizer, "clip_and_step", None)
+    if own is not None and getattr(optimizer, protocol.STEP, False):
+        return own(max_norm, norm_type, error_if_nonfinite, **step_kwargs)
+    total = clip_optimizers_([optimizer], max_norm, norm_type, error_if_nonfinite, None)
+    return ClipAndStep(total, optimizer.step(**step_kwargs))

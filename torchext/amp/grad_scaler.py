@@ -212,17 +212,25 @@ class GradScaler(torch.amp.GradScaler):
         for found_inf in found_inf_per_device.values():
             dist.all_reduce(found_inf, op=dist.ReduceOp.MAX, group=group)
 
-    def _unscale_grads_(self, optimizer, inv_scale: Tensor,
+    def _unscale_grads_(self, optimizer, inv_scale: Tensor, found_inf: Tensor,
                         allow_fp16: bool) -> dict[torch.device, Tensor]:
-        """Unscales the grads in place and checks them (one pass per device),
-        after every device's grads passed the op's checks."""
+        """torch's private method, with torch's signature (its tests and
+        subclasses such as ``ShardedGradScaler`` call and override it):
+        unscales the grads in place and checks them (one pass per device),
+        after every device's grads passed the op's checks. ``found_inf`` is
+        the template of each device's flag (a copy per device, as torch's
+        ``_MultiDeviceReplicator`` makes); returns the flags per device."""
         grads = GradsByDevice(optimizer, allow_fp16)
         unscale = torch.ops.torchext.unscale_
         grads.validate(lambda ts, found: unscale(ts, found, torch.ones_like(found)))
         for param, coalesced in grads.coalesced:
             param.grad = coalesced
-        found_per_device = grads.each_device(
-            lambda device, ts, found: unscale(ts, found, inv_scale.to(device, non_blocking=True)))
+        found_per_device = {}
+        with torch.no_grad():
+            for device, ts in grads.lists.items():
+                found = found_per_device[device] = found_inf.to(device=device, non_blocking=True,
+                                                                copy=True)
+                unscale(ts, found, inv_scale.to(device, non_blocking=True))
         self._sync_found_inf(found_per_device, grads.sharded)
         return found_per_device
 
@@ -280,7 +288,9 @@ class GradScaler(torch.amp.GradScaler):
             raise RuntimeError("unscale_() is being called after step().")
         # Same float32 reciprocal as torch (the fused ASGD uses it too).
         inv_scale = self._scale.double().reciprocal().float()
-        found = self._unscale_grads_(optimizer, inv_scale, self._allow_fp16)
+        found = self._unscale_grads_(
+            optimizer, inv_scale, torch.zeros((), dtype=torch.float32, device=self._scale.device),
+            self._allow_fp16)
         optimizer_state["found_inf_per_device"] = found
         optimizer_state["stage"] = OptState.UNSCALED
         self._per_optimizer_states[id(optimizer)] = optimizer_state
@@ -296,158 +306,190 @@ class GradScaler(torch.amp.GradScaler):
         state = self._per_optimizer_states.get(id(optimizer)) if self._enabled else None
         return OptState.READY if state is None else state["stage"]
 
-    def clip_pending(self, optimizer) -> bool:
-        """Whether a :meth:`clip_grad_norm_` of ``optimizer`` waits for its
-        step (``torchext/_clip.py``, ``PendingClip``): its gradients are then
-        still as the backward left them (scaled, not clipped)."""
-        state = self._per_optimizer_states.get(id(optimizer)) if self._enabled else None
-        return state is not None and state.get("clip") is not None
-
     def clip_grad_norm_(self, optimizer, max_norm: float, norm_type: float = 2.0,
-                        error_if_nonfinite: bool = False) -> Tensor:
-        """``unscale_(optimizer)`` + ``torch.nn.utils.clip_grad_norm_`` over the
-        optimizer's gradients, fused: returns the total norm of the unscaled
-        gradients (torch's recipe's value: same dtype, the first gradient's
-        device; inf/NaN on an overflow step) and records the inf/NaN check,
-        from one read of the gradients and no write.
+                        error_if_nonfinite: bool = False, foreach: bool | None = None) -> Tensor:
+        """torch's recipe ``unscale_(optimizer)`` + ``torch.nn.utils.clip_grad_norm_``
+        over the optimizer's gradients, in two fused passes: one read gives
+        the norms of the unscaled gradients and the inf/NaN check, one pass
+        writes the unscaled, clipped gradients (rounded after each factor,
+        as torch's recipe stores them). Returns the total norm (torch's
+        value, dtype and device: the first gradient's; inf/NaN on an
+        overflow step). Afterwards everything is as torch's recipe leaves
+        it: the gradients clipped, the record UNSCALED with the inf check;
+        whatever code then runs before :meth:`step`, the step uses what the
+        gradients hold (Note [Clip: applied when called, folded only inside
+        one call], ``torchext/_clip.py``). To fold the clip into a fused
+        step instead of rewriting the gradients, use :meth:`clip_and_step`.
 
-        The clip coefficient ``min(max_norm / (total + 1e-6), 1)`` stays on the
-        device, in one pending clip (``torchext/_clip.py``, ``PendingClip``:
-        its whole life), and the next :meth:`step` applies it: an optimizer
-        of the fused-step protocol gets the two factors (torchext's ASGD
-        unscales and clips on the fly, torch's fused Adam/AdamW/SGD divide
-        by ``scale / coef`` where that float32 is finite), so the gradients
-        are not rewritten; any other optimizer gets its gradients unscaled
-        and clipped in one pass before its ``step()``, as torch's recipe
-        leaves them. Afterwards the stage is UNSCALED, as after torch's
-        ``unscale_``. After :meth:`unscale_` (Lightning's order) only the
-        coefficient waits. A second clip before the step composes as torch's
-        recipe does (the pending one is applied to the gradients, then they
-        are measured again: the smaller bound wins). fp16 gradients are
-        refused unless ``allow_fp16``, as torch's ``unscale_`` refuses them.
-        ``error_if_nonfinite=True`` reads the norm on the host (refused
-        under torch.compile and CUDA-graph capture); a refused call records
-        nothing, but a non-finite norm refused by ``error_if_nonfinite`` is
-        refused as by torch's recipe, after its ``unscale_``: the inf check is
-        recorded and the gradients count as unscaled (the unscale waits for
-        the step), so ``update()`` and ``step()`` then work as after torch's
-        recipe. ``max_norm=inf`` measures and never clips. With sharded
-        (DTensor, FSDP2) gradients the norm is the global one, a plain
-        tensor: each rank's part is all-reduced over ``process_group``
-        (default: the WORLD group)."""
+        ``optimizer`` may be a list of optimizers on this scaler: one clip
+        over all their gradients (torch's ``unscale_(o1)``, ``unscale_(o2)``,
+        one ``clip_grad_norm_`` over every parameter). After :meth:`unscale_`
+        (Lightning's order) it clips without unscaling again, and a second
+        clip measures the clipped gradients, as torch's recipe does. fp16
+        gradients are refused unless ``allow_fp16`` (torch's ``unscale_``
+        refuses them). ``error_if_nonfinite=True`` reads the norm on the
+        host (refused under torch.compile and CUDA-graph capture) and, on a
+        non-finite norm, leaves what torch's recipe leaves before it raises:
+        the gradients unscaled (not clipped) and the inf check recorded, so
+        ``update()`` backs off. ``max_norm=inf`` measures and never clips
+        (torch multiplies by inf/inf = NaN when the norm overflowed). With
+        sharded (DTensor, FSDP2) gradients the norm is the global one, each
+        rank's part all-reduced over ``process_group`` (default WORLD).
+        ``foreach`` is accepted for torch's signature (one fused pass either
+        way). Bad gradients are refused before anything is written."""
+        optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
         if not self._enabled:
-            # Nothing is scaled: torchext's optimizers fold their own clip;
-            # any other optimizer's gradients are clipped in place.
-            if getattr(optimizer, protocol.STEP, False):
-                return optimizer.clip_grad_norm_(max_norm, norm_type, error_if_nonfinite)
-            return _clip.clip_(
-                [p for g in param_groups(optimizer) for p in g["params"]], max_norm, norm_type,
-                error_if_nonfinite)
-        self._check_scale_growth_tracker("clip_grad_norm_")
-        state = self._optimizer_state(optimizer)
-        if state["stage"] is OptState.STEPPED:
-            raise RuntimeError("clip_grad_norm_() is being called after step().")
-        _clip.check_host_read(error_if_nonfinite)
-        pending = state.get("clip")
-        if pending is not None:  # a second clip: the first, as torch's recipe leaves it, first
-            pending.valid()  # (raises, changing nothing, when written in place)
-            state = self._settle_clip(optimizer, state, pending)
-        norm_type = float(norm_type)
-        unscaled = state["stage"] is OptState.UNSCALED
-        inv_scale = None if unscaled else self._scale.double().reciprocal().float()
-        allow_fp16 = unscaled or self._allow_fp16
-        # Nothing below writes anything the scaler keeps until the end: a
-        # refused call (bad grads) records nothing; error_if_nonfinite refuses
-        # the clip after its read, keeping the unscale half (torch's recipe).
-        own = protocol.fused_norms(optimizer, norm_type, inv_scale, allow_fp16)
-        sharded = False
-        if own is not None:  # torchext's ASGD: through its C++ holders
-            norms, found_per_device, seen = own
-            if not norms:
-                return self._record_no_grads(optimizer, state)
-            with torch.no_grad():
-                total = _clip.total_norm_of(norms, norm_type, norms[0].device)
-        else:
-            grads = GradsByDevice(optimizer, allow_fp16)
-            if not grads.lists:
-                return self._record_no_grads(optimizer, state)
-            sharded = grads.sharded
-            lists = grads.norm_lists
-            if sharded:  # an empty local shard adds nothing to the global norm
-                lists = {d: [t for t in ts if t.numel()] for d, ts in lists.items()}
-            norms = []
-            found_per_device = grads.each_device(
-                lambda device, ts, found: norms.append(_clip.norms_of(
-                    ts, norm_type, device, inv_scale, None if unscaled else found)), lists)
-            if unscaled:  # (unscale_ recorded found_inf)
-                found_per_device = None
-            with torch.no_grad():
-                total = _clip.total_norm_of(norms, norm_type, next(iter(lists)))
-                if sharded:
-                    total = _clip.reduce_sharded(total, norm_type, self._sharded_group())
-            seen = None if torch.compiler.is_compiling() else [
-                torch.classes.torchext.GradsSeen(grads.params)]
-        refused = None
-        try:
-            _clip.check_nonfinite(total, norm_type, error_if_nonfinite)
-        except RuntimeError as e:  # the clip is refused, its unscale stands (as torch's)
-            refused = e
+            return _clip.clip_optimizers_(optimizers, max_norm, norm_type, error_if_nonfinite,
+                                          foreach)
+        measured, reads, refused = self._measure(optimizers, norm_type, error_if_nonfinite,
+                                                 "clip_grad_norm_")
+        if measured.total is None:
+            return torch.tensor(0.0)
         with torch.no_grad():
-            coef = None if refused else _clip.clip_coef(total, max_norm)
-        if found_per_device is not None:
-            self._sync_found_inf(found_per_device, sharded)
-            state["found_inf_per_device"] = found_per_device
-        if coef is not None or not unscaled:
-            state["clip"] = _clip.PendingClip(optimizer, coef, not unscaled, seen)
-        state["stage"] = OptState.UNSCALED
-        self._per_optimizer_states[id(optimizer)] = state
+            coef = None if refused else _clip.clip_coef(measured.total, max_norm)
+        for k, (opt, inv_scale) in enumerate(reads):
+            _clip.apply_(opt, measured.grads[k], inv_scale, coef)
+            self._record_unscaled(opt, inv_scale, measured.found[k], measured.grads[k])
         if refused is not None:
             raise refused
-        return total
+        return measured.total
 
-    def _record_no_grads(self, optimizer, state) -> Tensor:
-        # torch's recipe over no gradients: unscale_ records no inf check (its
-        # step then raises for a plain optimizer, steps a no-op for a fused
-        # one), and the clip returns torch's tensor(0.).
-        if state["stage"] is OptState.READY:
-            state["found_inf_per_device"] = {}
-            state["stage"] = OptState.UNSCALED
-            self._per_optimizer_states[id(optimizer)] = state
-        return torch.tensor(0.0)
+    def _measure(self, optimizers, norm_type, error_if_nonfinite, name):
+        """A clip's read (``_clip.measure``) for ``optimizers``, each
+        unscaled unless its record says UNSCALED, checked first (no scale,
+        after step, host read refused). Returns the read, its (optimizer,
+        inv_scale) pairs and the ``error_if_nonfinite`` error to raise once
+        the gradients are left as torch's recipe leaves them (None if none).
+        Nothing is written or recorded."""
+        self._check_scale_growth_tracker(name)
+        _clip.check_host_read(error_if_nonfinite)
+        inv = None
+        reads = []
+        for opt in optimizers:
+            stage = self.stage(opt)
+            if stage is OptState.STEPPED:
+                raise RuntimeError(f"{name}() is being called after step().")
+            if stage is OptState.READY and inv is None:
+                # Same float32 reciprocal as torch's unscale_.
+                inv = self._scale.double().reciprocal().float()
+            reads.append((opt, inv if stage is OptState.READY else None))
+        # (fp16 grads: torch's unscale_ refuses them; already unscaled ones pass)
+        allow_fp16 = self._allow_fp16 or all(i is None for _, i in reads)
+        measured = _clip.measure(reads, float(norm_type), allow_fp16, self._sharded_group)
+        refused = None
+        if measured.total is not None:
+            try:
+                _clip.check_nonfinite(measured.total, float(norm_type), error_if_nonfinite)
+            except RuntimeError as e:  # the clip is refused, its unscale stands (as torch's)
+                refused = e
+        return measured, reads, refused
+
+    def _record_unscaled(self, optimizer, inv_scale, found_per_device, grads) -> None:
+        """The record torch's ``unscale_`` leaves: UNSCALED, with the inf
+        check of this read (kept from the earlier unscale_ when the
+        gradients were unscaled already)."""
+        state = self._optimizer_state(optimizer)
+        if inv_scale is not None:
+            if found_per_device is None:  # (no grads on this optimizer)
+                found_per_device = {}
+            self._sync_found_inf(found_per_device, grads is not None and grads.sharded)
+            state["found_inf_per_device"] = found_per_device
+        state["stage"] = OptState.UNSCALED
+        self._per_optimizer_states[id(optimizer)] = state
+
+    @gate_compiled_step  # (a torch that cannot trace it: _compile_compat (6))
+    def clip_and_step(self, optimizer, max_norm: float, norm_type: float = 2.0, *,
+                      error_if_nonfinite: bool = False, **kwargs: Any) -> _clip.ClipAndStep:
+        """:meth:`clip_grad_norm_` then :meth:`step` in one call, with the
+        clip folded into a fused step where nothing can come between the
+        two (DeepSpeed's ``engine.step()``): returns ``(total_norm,
+        result)``, the norm :meth:`clip_grad_norm_` returns and what
+        ``optimizer.step(**kwargs)`` returned (None when it was skipped).
+        It does not call :meth:`update`, and leaves the record STEPPED, as
+        :meth:`step` does.
+
+        How the clip reaches the step (Note [Clip: applied when called,
+        folded only inside one call], ``torchext/_clip.py``), and what the
+        gradients hold afterwards:
+
+        * torchext's ASGD: the step gets ``grad_scale`` and ``clip_coef``,
+          two factors multiplied one after the other (exact at every scale
+          up to 2**127); its gradients are left scaled and unclipped.
+        * torch's fused Adam/AdamW/SGD: ``grad_scale = scale / coef`` where
+          that float32 is finite (a host read); they write back
+          ``grad / grad_scale`` (scaled, when the step was skipped). Where it
+          is not, and always under torch.compile and CUDA-graph capture,
+          the gradients are unscaled and clipped first.
+        * any other optimizer, and any optimizer with step pre-hooks (user
+          code that would run between the two halves): the gradients are
+          unscaled and clipped in place first, then stepped, so the hooks
+          see torch's values.
+
+        After :meth:`unscale_` or a two-call clip in the same iteration it
+        measures the gradients as they are and clips them again, as torch's
+        recipe with one more clip would; it never unscales twice. A call
+        that raises before it writes changes nothing; once the gradients
+        were written (the pass, then a step that raised) the record says
+        UNSCALED, so :meth:`step` retries without clipping twice.
+        ``error_if_nonfinite`` leaves what torch's recipe leaves (the
+        gradients unscaled, the inf check recorded) and raises."""
+        if not self._enabled:
+            return _clip.clip_and_step_plain(optimizer, max_norm, norm_type, error_if_nonfinite,
+                                             kwargs)
+        if "closure" in kwargs:
+            raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
+        ours = getattr(optimizer, protocol.STEP, False)
+        foldable = ((ours or protocol.torch_fused(optimizer))
+                    and not _clip.has_step_pre_hooks(optimizer)
+                    and (ours or not _step_takes_grad_scaler(optimizer)))
+        if not foldable:  # the pass, then the step: nothing to fold into
+            total = self.clip_grad_norm_(optimizer, max_norm, norm_type, error_if_nonfinite)
+            return _clip.ClipAndStep(total, self.step(optimizer, **kwargs))
+        state = self._per_optimizer_states.get(id(optimizer))
+        stage = OptState.READY if state is None else state["stage"]
+        if stage is OptState.STEPPED:
+            raise RuntimeError("step() has already been called since the last update().")
+        torch_fused = protocol.torch_fused(optimizer)
+        self._check_scale_growth_tracker("clip_and_step")
+        _clip.check_host_read(error_if_nonfinite)
+        inv_scale = (self._scale.double().reciprocal().float() if stage is OptState.READY
+                     else None)
+        norm_type = float(norm_type)
+        measured = _clip.measure([(optimizer, inv_scale)], norm_type,
+                                 inv_scale is None or torch_fused or self._allow_fp16,
+                                 self._sharded_group)
+        total = measured.total
+        if total is None:  # no gradients: torch's recipe's tensor(0.), then its step
+            self._record_unscaled(optimizer, inv_scale, None, None)
+            return _clip.ClipAndStep(torch.tensor(0.0), self.step(optimizer, **kwargs))
+        try:
+            _clip.check_nonfinite(total, norm_type, error_if_nonfinite)
+        except RuntimeError:  # torch's recipe: its unscale_ stands, the clip raised
+            _clip.apply_(optimizer, measured.grads[0], inv_scale, None)
+            self._record_unscaled(optimizer, inv_scale, measured.found[0], measured.grads[0])
+            raise
+        with torch.no_grad():
+            coef = _clip.clip_coef(total, max_norm)
+        found_per_device = measured.found[0] if inv_scale is not None else None
+        if found_per_device is not None:
+            self._sync_found_inf(found_per_device, measured.grads[0] is not None
+                                 and measured.grads[0].sharded)
+
+        def apply_first():
+            # The pass: unscaled and clipped in place, recorded as such (a
+            # step that then raises is retried by step() without a second clip).
+            _clip.apply_(optimizer, measured.grads[0], inv_scale, coef)
+            self._record_unscaled(optimizer, inv_scale, found_per_device, measured.grads[0])
+
+        retval, found_per_device = self._fused_step(
+            optimizer, stage, state, (), kwargs, coef=coef, found_per_device=found_per_device,
+            apply_first=apply_first)
+        self._record_stepped(optimizer, found_per_device)
+        return _clip.ClipAndStep(total, retval)
 
     def _sharded_group(self):
         import torch.distributed as dist
         return self._process_group if self._process_group is not None else dist.group.WORLD
-
-    def _settle_clip(self, optimizer, state, pending) -> dict:
-        """A pending clip made concrete before something needs the gradients
-        as torch's recipe leaves them: applied to them when they are still
-        those it measured (the record then says UNSCALED with no clip);
-        dropped when they were replaced (with its inf check when it read
-        scaled gradients: the gradients are then READY to be checked
-        afresh); kept when they were written in place (the step, or a second
-        clip, then refuses it). Returns the record."""
-        status = pending.status()
-        if status == _clip.SAME:
-            self._apply_clip_(optimizer, state, pending)
-        elif status == _clip.REPLACED:
-            del state["clip"]
-            if pending.scaled:
-                state["stage"] = OptState.READY
-                state["found_inf_per_device"] = {}
-        return state
-
-    def _apply_clip_(self, optimizer, state, pending) -> None:
-        """The pending clip applied to the optimizer's gradients in one pass
-        (unscaled and clipped, or only clipped after unscale_), as torch's
-        recipe leaves them; the record then says so."""
-        grads = GradsByDevice(optimizer, allow_fp16=True)
-        for param, coalesced in grads.coalesced:
-            param.grad = coalesced
-        with torch.no_grad():
-            pending.apply_(grads.all(), self._scale)
-        del state["clip"]
-        state["stage"] = OptState.UNSCALED
 
     # ------------------------------------------------------------------ step
 
@@ -473,16 +515,15 @@ class GradScaler(torch.amp.GradScaler):
 
         Optimizers with the fused-step protocol (``protocol.py``: torchext's
         ASGD, torch's fused Adam/AdamW/SGD) get ``grad_scale``/``found_inf``
-        (and a pending clip's factors: ``_clip.fold``) and unscale on the fly
+        and unscale on the fly
         (``grad_scale`` multiplied by one already set on the optimizer, as
         torch). One whose ``step`` takes a ``grad_scaler`` keyword gets this
         scaler that way instead, with torch's FutureWarning.
 
-        When the optimizer's step raises, the records say what the
-        gradients are: a fused step that raised wrote nothing, and keeps
-        the pending clip for a retry; gradients that were unscaled (and
-        clipped) in place before a plain optimizer's step stay so, and the
-        record says UNSCALED, so a retry does not multiply them again.
+        When the optimizer's step raises, the records are as they were
+        before the call (gradients unscaled before a plain optimizer's step
+        stay so, and the record says UNSCALED, so a retry does not unscale
+        them again).
         """
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
@@ -495,25 +536,11 @@ class GradScaler(torch.amp.GradScaler):
         stage = OptState.READY if state is None else state["stage"]
         if stage is OptState.STEPPED:
             raise RuntimeError("step() has already been called since the last update().")
-        pending = None if state is None else state.get("clip")
-        if pending is not None and not pending.valid():  # (raises when written in place)
-            state = self._settle_clip(optimizer, state, pending)
-            stage, pending = state["stage"], None
         if protocol.takes_grad_scale(optimizer):
-            retval, found_per_device = self._fused_step(optimizer, stage, state, pending, args,
-                                                        kwargs)
-            state = self._per_optimizer_states.get(id(optimizer))  # (the step may have made it)
-            if state is None:  # (the usual case: made here, not by the defaultdict's factory)
-                self._per_optimizer_states[id(optimizer)] = {
-                    "stage": OptState.STEPPED, "found_inf_per_device": found_per_device}
-            else:
-                state["found_inf_per_device"] = found_per_device
-                state["stage"] = OptState.STEPPED
-                state.pop("clip", None)  # consumed
+            retval, found_per_device = self._fused_step(optimizer, stage, state, args, kwargs)
+            self._record_stepped(optimizer, found_per_device)
             return retval
-        if pending is not None:
-            self._apply_clip_(optimizer, state, pending)
-        elif stage is OptState.READY:
+        if stage is OptState.READY:
             self.unscale_(optimizer)
         state = self._per_optimizer_states[id(optimizer)]
         if len(state["found_inf_per_device"]) == 0:
@@ -524,16 +551,27 @@ class GradScaler(torch.amp.GradScaler):
         state["stage"] = OptState.STEPPED
         return retval
 
-    def _fused_step(self, optimizer, stage, state, pending, args, kwargs):
+    def _record_stepped(self, optimizer, found_per_device) -> None:
+        state = self._per_optimizer_states.get(id(optimizer))  # (the step may have made it)
+        if state is None:  # (the usual case: made here, not by the defaultdict's factory)
+            self._per_optimizer_states[id(optimizer)] = {
+                "stage": OptState.STEPPED, "found_inf_per_device": found_per_device}
+        else:
+            state["found_inf_per_device"] = found_per_device
+            state["stage"] = OptState.STEPPED
+
+    def _fused_step(self, optimizer, stage, state, args, kwargs, coef=None,
+                    found_per_device=None, apply_first=None):
         """The optimizer unscales (and, with no host read allowed, skips) by
-        itself. Nothing is recorded for it here (but the pending clip, when it
-        must be applied to the gradients first): returns what its step
+        itself. Nothing is recorded for it here: returns what its step
         returned and the found_inf per device to record. ``state``: its
-        record of this iteration, None when there is none yet."""
+        record of this iteration, None when there is none yet. From
+        :meth:`clip_and_step`: ``coef``, the clip coefficient to fold in,
+        ``found_per_device``, the inf check of the clip's read, and
+        ``apply_first()``, the pass that unscales and clips the gradients
+        where one float32 ``grad_scale`` cannot carry the clip."""
         ours = getattr(optimizer, protocol.STEP, False)
         if not ours and _step_takes_grad_scaler(optimizer):
-            if pending is not None:  # it unscales by itself, through this scaler
-                self._apply_clip_(optimizer, state, pending)
             warnings.warn(
                 "GradScaler is going to stop passing itself as a keyword argument to the passed "
                 "optimizer. In the near future GradScaler registers `grad_scale: Tensor` and "
@@ -546,7 +584,9 @@ class GradScaler(torch.amp.GradScaler):
         # steps fp16 grads and, with no grads, a no-op; any other optimizer is
         # unscaled by torch's recipe, which refuses both.
         torch_fused = protocol.torch_fused(optimizer)
-        if stage is OptState.READY:
+        if found_per_device is not None:  # (clip_and_step's read checked them)
+            pass
+        elif stage is OptState.READY:
             found_per_device = self._check_inf_grads(optimizer, torch_fused or self._allow_fp16)
         else:  # (unscale_ or clip_grad_norm_ checked the grads already)
             found_per_device = state["found_inf_per_device"]
@@ -567,26 +607,26 @@ class GradScaler(torch.amp.GradScaler):
             found_inf = torch.clamp(found_inf, max=1.0)
 
         def attrs():
-            # The pending clip's factors (and, where one float32 grad_scale
-            # cannot carry it, its pass over the grads first).
-            unscaled = stage is OptState.UNSCALED and (pending is None or not pending.scaled)
-            factors = _clip.fold(pending, None if unscaled else self._scale,
-                                 _clip.TWO_FACTORS if ours else _clip.ONE_FACTOR,
-                                 may_read_host=not device_skip or protocol.host_read_allowed())
-            if factors.rewrite:
-                self._apply_clip_(optimizer, state, pending)
+            grad_scale = None if stage is OptState.UNSCALED else self._scale
+            clip_coef = None
+            if coef is not None and ours:  # two factors, one after the other
+                clip_coef = coef if coef.dtype in (torch.float32, torch.float64) else coef.float()
+            elif coef is not None:  # one factor: scale / coef, where a finite float32
+                folded = _clip.one_factor(grad_scale, coef, not device_skip
+                                          or protocol.host_read_allowed())
+                if folded is None:
+                    apply_first()
+                grad_scale = folded
             # A grad_scale already on the optimizer is multiplied in, as torch does.
             user_scale = getattr(optimizer, "grad_scale", None)
-            grad_scale = factors.grad_scale
             if user_scale is not None:
                 grad_scale = user_scale if grad_scale is None else grad_scale * user_scale
-            return ({"grad_scale": grad_scale, "clip_coef": factors.clip_coef} if ours
+            return ({"grad_scale": grad_scale, "clip_coef": clip_coef} if ours
                     else {"grad_scale": grad_scale})
 
         _, retval = protocol.step_unless_overflow(
             optimizer, lambda: optimizer.step(*args, **kwargs), found_inf, device_skip, attrs)
         return retval, found_per_device
-
 
     # ---------------------------------------------------------------- update
 
@@ -715,13 +755,6 @@ class GradScaler(torch.amp.GradScaler):
                 "The source state dict is empty, possibly because it was saved "
                 "from a disabled instance of GradScaler.")
         sd = _checkpoint.parse_state_dict(state_dict)
-        # A clip pending between clip_grad_norm_() and step() unscales with
-        # the scale it measured: applied to the gradients before the scale
-        # changes (as torch's recipe has them at that point).
-        for state in list(self._per_optimizer_states.values()):
-            pending = state.get("clip")
-            if pending is not None:
-                self._settle_clip(pending.optimizer, state, pending)
         super().load_state_dict({k: sd[k] for k in _checkpoint.TORCH_KEYS})
         if sd["version"] >= 1:
             self._hysteresis = sd["hysteresis"]

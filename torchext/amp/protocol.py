@@ -17,11 +17,14 @@ A scaler has two ways to step an optimizer whose gradients were scaled:
 An optimizer opts into the fused step for **torchext's** scaler by defining
 
 * ``_torchext_amp_step = True``: its ``step()`` honours ``grad_scale`` and
-  ``found_inf`` as above, and ``clip_coef`` (a pending clip's coefficient,
-  a 0-d float32/float64 tensor or None: the unscaled gradients are then
-  multiplied by it, a second factor after ``1 / grad_scale``, never folded
-  into it: ``torchext/_clip.py``, ``fold``); and ``clip_grad_norm_(max_norm,
-  norm_type, error_if_nonfinite)``, its own clip for when nothing is scaled;
+  ``found_inf`` as above, and ``clip_coef`` (the clip coefficient of
+  ``GradScaler.clip_and_step``, a 0-d float32/float64 tensor or None: the
+  unscaled gradients are then multiplied by it, a second factor after
+  ``1 / grad_scale``, never folded into it: Note [Clip: applied when
+  called, folded only inside one call] in ``torchext/_clip.py``); and
+  ``clip_grad_norm_(max_norm, norm_type, error_if_nonfinite, foreach)`` and
+  ``clip_and_step(max_norm, norm_type, error_if_nonfinite, closure=None)``,
+  its own clips for when nothing is scaled;
 * optionally ``_torchext_amp_check(self, allow_fp16) -> dict[device, Tensor]
   | None``: its own read-only inf/NaN check of every gradient (found_inf per
   device, 0-d float32 tensors set to nonzero on inf/NaN; fp16 gradients
@@ -29,11 +32,10 @@ An optimizer opts into the fused step for **torchext's** scaler by defining
   the scaler gather the gradients itself. torchext's ASGD checks through
   the C++ holders of its state (no list from Python).
 * optionally ``_torchext_amp_norms(self, norm_type, inv_scale, allow_fp16)``:
-  the read of ``GradScaler.clip_grad_norm_``: ``(norms, found_inf per
-  device, seen)``, the per-tensor norms of every gradient (a list of 1-D
+  the clip's read (``torchext/_clip.py``, ``measure``): ``(norms, found_inf
+  per device)``, the per-tensor norms of every gradient (a list of 1-D
   tensors; of the unscaled gradients with ``inv_scale``, and then with the
-  inf/NaN check of the same read), and which gradients were measured (a
-  list of ``torch.classes.torchext.GradsSeen``), or None to let the scaler
+  inf/NaN check of the same read, else None), or None to let the scaler
   gather the gradients itself.
 
 Even then torchext's scaler reads ``found_inf`` on the host and does not call

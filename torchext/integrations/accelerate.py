@@ -32,9 +32,12 @@ other), the HF Trainer's ``scaler.pt``.
 optimizer's gradients, then clips ``parameters``. When ``parameters``' grads
 are exactly one prepared optimizer's, it becomes
 ``scaler.clip_grad_norm_(optimizer, max_norm)``: one read of those grads
-gives the total norm and the inf check, and the clip coefficient is folded
-into that optimizer's next ``scaler.step`` (the other optimizers are
-unscaled, as accelerate does). ``max_norm=inf``, which the HF Trainer passes
+gives the total norm and the inf check, and one pass writes them unscaled
+and clipped (the other optimizers are unscaled, as accelerate does). It is
+the two-call clip, applied when called, not folded into the step: accelerate
+and the HF Trainer run user code and callbacks between ``clip_grad_norm_``
+and ``optimizer.step()`` (Note [Clip: applied when called, folded only
+inside one call], ``torchext/_clip.py``). ``max_norm=inf``, which the HF Trainer passes
 on every step when it does not clip, only computes the norm. Anything else
 (other parameters, an optimizer already unscaled, FSDP, DeepSpeed, XLA,
 Megatron-LM, which clip their own way) is accelerate's own clip, unchanged.

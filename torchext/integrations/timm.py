@@ -11,10 +11,13 @@ save and restore it; a checkpoint of either class loads into the other).
 
 With ``clip_grad=...`` and ``clip_mode="norm"`` (timm's ``--clip-grad``),
 where ``parameters``' gradients are exactly the optimizer's, timm's
-``unscale_`` + ``clip_grad_norm_`` becomes ``scaler.clip_grad_norm_(optimizer,
-clip_grad)``: one read gives the norm and the inf check, and the clip
-coefficient is folded into the scaler's step. The other modes ("value",
-"agc") and other parameters are timm's own, unchanged.
+``unscale_`` + ``clip_grad_norm_`` + ``step`` becomes
+``scaler.clip_and_step(optimizer, clip_grad)``: timm's ``__call__`` does
+backward, clip and step in one call, so no user code runs between the clip
+and the step, and the clip can be folded into a fused step (one read gives
+the norm and the inf check; torchext's ASGD multiplies by the coefficient
+on the fly). The other modes ("value", "agc") and other parameters are
+timm's own, unchanged.
 
 ``torchext.optim.ASGD`` also works with timm's own NativeScaler as it is.
 """
@@ -58,10 +61,11 @@ class NativeScaler(_TimmNativeScaler):
             assert parameters is not None
             parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
             if clip_mode == "norm" and self._fuses_clip(optimizer, parameters):
-                self._scaler.clip_grad_norm_(optimizer, clip_grad)
-            else:
-                self._scaler.unscale_(optimizer)
-                dispatch_clip_grad(parameters, clip_grad, mode=clip_mode)
+                self._scaler.clip_and_step(optimizer, clip_grad)
+                self._scaler.update()
+                return
+            self._scaler.unscale_(optimizer)
+            dispatch_clip_grad(parameters, clip_grad, mode=clip_mode)
         self._scaler.step(optimizer)
         self._scaler.update()
 

@@ -22,50 +22,90 @@ from ._state import SCALAR_KEYS, Generation, ParamGroupSlots, ParamState, own_co
 __all__ = ["ASGD"]
 
 
-def _hooked_step(func):
-    """torch's ``Optimizer.profile_hook_step`` (global and per-instance pre
-    and post hooks, ``_optimizer_step_code``, the profiler's
-    ``Optimizer.step#ASGD.step`` range), with the range entered only while a
-    profiler runs or torch.compile traces: entering it costs ~10 us of an
-    eager step otherwise spent doing nothing. Marked ``hooked`` so that
-    ``Optimizer.__init__`` does not wrap it again."""
-    name = "Optimizer.step#ASGD.step"
+def _has_hooks(self) -> bool:
+    return bool(_torch_optimizer._global_optimizer_pre_hooks or self._optimizer_step_pre_hooks
+                or self._optimizer_step_post_hooks
+                or _torch_optimizer._global_optimizer_post_hooks)
 
-    def run(self, args, kwargs):
-        # (the hook dicts are usually empty: not walked then, ~0.5 us a step)
-        if _torch_optimizer._global_optimizer_pre_hooks or self._optimizer_step_pre_hooks:
-            for pre_hook in chain(_torch_optimizer._global_optimizer_pre_hooks.values(),
-                                  self._optimizer_step_pre_hooks.values()):
-                result = pre_hook(self, args, kwargs)
-                if result is not None:
-                    if isinstance(result, tuple) and len(result) == 2:
-                        args, kwargs = result
-                    else:
-                        raise RuntimeError(f"{func} must return None or a tuple of (new_args, "
-                                           f"new_kwargs), but got {result}.")
-        out = func(self, *args, **kwargs)
-        self._optimizer_step_code()
-        if self._optimizer_step_post_hooks or _torch_optimizer._global_optimizer_post_hooks:
-            for post_hook in chain(self._optimizer_step_post_hooks.values(),
-                                   _torch_optimizer._global_optimizer_post_hooks.values()):
-                post_hook(self, args, kwargs)
-        return out
+
+def _run_hooked(self, func, args, kwargs):
+    """torch's ``Optimizer.profile_hook_step`` around ``func(*args,
+    **kwargs)``: global and per-instance pre-hooks (called with the args
+    torch's wrapper gives them, the optimizer first, and free to replace
+    them), ``_optimizer_step_code``, then the post-hooks; in the profiler's
+    ``Optimizer.step#ASGD.step`` range only while a profiler runs or
+    torch.compile traces (entering it costs ~10 us of an eager step
+    otherwise spent doing nothing)."""
+    if torch.compiler.is_compiling() or torch._C._autograd._profiler_enabled():
+        with torch.autograd.profiler.record_function("Optimizer.step#ASGD.step"):
+            return _call_hooked(self, func, args, kwargs)
+    return _call_hooked(self, func, args, kwargs)
+
+
+def _call_hooked(self, func, args, kwargs):
+    # (the hook dicts are usually empty: not walked then, ~0.5 us a step)
+    if _torch_optimizer._global_optimizer_pre_hooks or self._optimizer_step_pre_hooks:
+        for pre_hook in chain(_torch_optimizer._global_optimizer_pre_hooks.values(),
+                              self._optimizer_step_pre_hooks.values()):
+            result = pre_hook(self, args, kwargs)
+            if result is not None:
+                if isinstance(result, tuple) and len(result) == 2:
+                    args, kwargs = result
+                else:
+                    raise RuntimeError(f"{func} must return None or a tuple of (new_args, "
+                                       f"new_kwargs), but got {result}.")
+    out = func(*args, **kwargs)
+    self._optimizer_step_code()
+    if self._optimizer_step_post_hooks or _torch_optimizer._global_optimizer_post_hooks:
+        for post_hook in chain(self._optimizer_step_post_hooks.values(),
+                               _torch_optimizer._global_optimizer_post_hooks.values()):
+            post_hook(self, args, kwargs)
+    return out
+
+
+def _hooked_step(func):
+    """``func`` (the step) behind torch's hooks and profiler range
+    (:func:`_run_hooked`), with no frame of its own when neither is on.
+    Marked ``hooked`` so that ``Optimizer.__init__`` does not wrap it again."""
 
     @functools.wraps(func)
     def wrapper(self, *args, **kwargs):
-        if torch.compiler.is_compiling() or torch._C._autograd._profiler_enabled():
-            with torch.autograd.profiler.record_function(name):
-                return run(self, args, kwargs)
-        if (_torch_optimizer._global_optimizer_pre_hooks or self._optimizer_step_pre_hooks
-                or self._optimizer_step_post_hooks
-                or _torch_optimizer._global_optimizer_post_hooks):
-            return run(self, args, kwargs)
-        # No hook: run's work without its frame, and without
+        if (torch.compiler.is_compiling() or torch._C._autograd._profiler_enabled()
+                or _has_hooks(self)):
+            return _run_hooked(self, func, (self, *args), kwargs)
+        # No hook: the step without run's frame, and without
         # _optimizer_step_code (a marker for the profiler, which is off).
         return func(self, *args, **kwargs)
 
     wrapper.hooked = True
     return wrapper
+
+
+class _ClipCall:
+    """The clip of one :meth:`ASGD.clip_and_step` call: its settings, and
+    the total norm once measured (inside the step, after the closure)."""
+    __slots__ = ("max_norm", "norm_type", "error_if_nonfinite", "total")
+
+    def __init__(self, max_norm: float, norm_type: float, error_if_nonfinite: bool) -> None:
+        self.max_norm, self.norm_type = max_norm, norm_type
+        self.error_if_nonfinite, self.total = error_if_nonfinite, None
+
+    def measure(self, opt) -> Tensor | None:
+        """Measures ``opt``'s gradients: the clip coefficient for its step
+        (None: nothing to clip). Gradients torchext's kernels do not serve
+        are clipped in place by torch's function instead."""
+        measured = opt._measure_clip(self.norm_type)
+        if measured is None:
+            self.total = _clip.clip_(opt._params(), self.max_norm, self.norm_type,
+                                     self.error_if_nonfinite)
+            return None
+        if measured.total is None:
+            self.total = torch.tensor(0.0)
+            return None
+        self.total = measured.total
+        with torch.no_grad():
+            _clip.check_nonfinite(measured.total, self.norm_type, self.error_if_nonfinite)
+            return _clip.clip_coef(measured.total, self.max_norm)
 
 
 class ASGD(GroupsAlias, Optimizer):
@@ -127,7 +167,6 @@ class ASGD(GroupsAlias, Optimizer):
                         capturable=capturable, fused=fused)
         self._gen = Generation()
         self._slot_cache = None
-        self._clip_slot = _clip.ClipSlot()  # this optimizer's own pending clip
         super().__init__(params, defaults)
         own_containers(self, self._gen)
         if fused:
@@ -201,104 +240,105 @@ class ASGD(GroupsAlias, Optimizer):
         """A clip's one read of every grad, through the C++ holders (no list
         from Python): (the per-tensor norms, one tensor per slot group, first
         the one holding the first param; found_inf per device from the same
-        read, or None without ``inv_scale``; which grads were measured, one
-        ``GradsSeen`` per slot group), or None where ``_torchext_amp_check``
-        would be None (the caller then gathers the grads itself)."""
+        read, or None without ``inv_scale``), or None where
+        ``_torchext_amp_check`` would be None (the caller then gathers the
+        grads itself)."""
         slots = self._holder_slots()
         if slots is None:
             return None
         check = inv_scale is not None
         norms: list[Tensor] = []
         found: dict[torch.device, Tensor] = {}
-        seen = []
         for pgs in slots:
             for sg in pgs.slot_groups:
                 if sg.native_norms is None:
                     sg.holder()  # (made at first use; binds native_norms)
-                out, grads_seen = sg.native_norms(
+                out = sg.native_norms(
                     norm_type, _devices.on_device(inv_scale, sg.device), found.get(sg.device),
                     check, allow_fp16)
-                seen.append(grads_seen)
                 if out:
                     norms.append(out[0])
                     if check:
                         found[sg.device] = out[1]
-        return norms, (found if check else None), seen
+        return norms, (found if check else None)
 
     # -------------------------------------------------------------- clipping
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
-                        error_if_nonfinite: bool = False) -> Tensor:
+                        error_if_nonfinite: bool = False, foreach: bool | None = None) -> Tensor:
         """``torch.nn.utils.clip_grad_norm_(params, ...)`` over every param of
-        this optimizer, folded into the next :meth:`step`: returns the same
-        total norm (dtype, device: the first grad's) from one fused read of
-        the gradients, and the step multiplies each gradient by the clip
-        coefficient on the fly instead of a pass that rewrites them. The
-        gradients are left as they are (not clipped). No host sync unless
-        ``error_if_nonfinite``.
-
-        The coefficient waits in one pending clip (``torchext/_clip.py``,
-        ``PendingClip``: its whole life), applied by the next :meth:`step`
-        only and dropped by :meth:`zero_grad`. A second clip before the step
-        composes as torch's does: the first is applied to the gradients, then
-        they are measured again (the smaller bound wins, and the clipped norm
-        is returned). Gradients torchext's holders do not serve (DTensor,
-        devices without kernels) are clipped in place by torch's function
-        instead; sparse ones are refused, as the step refuses them. With an
-        enabled GradScaler call ``scaler.clip_grad_norm_(opt, ...)`` instead:
-        these grads are scaled."""
+        this optimizer, applied now: one fused read of the gradients gives
+        the norms (through the C++ holders, no list from Python), one fused
+        pass multiplies the gradients by the clip coefficient. Returns
+        torch's total norm (dtype, device: the first grad's), no host sync
+        unless ``error_if_nonfinite``. The gradients are left clipped, as
+        torch's function leaves them (Note [Clip: applied when called,
+        folded only inside one call], ``torchext/_clip.py``); to fold the
+        clip into the step instead, use :meth:`clip_and_step`. With an
+        enabled GradScaler call ``scaler.clip_grad_norm_(opt, ...)``
+        instead: these grads are scaled."""
         norm_type = float(norm_type)
-        pending = self._clip_slot.pending
-        if pending is not None:  # a second clip: the first applied first
-            if pending.valid():  # (raises, changing nothing, when written in place)
-                pending.apply_(self._grads(), None)
-            self._clip_slot.pending = None
-        own = self._torchext_amp_norms(norm_type, None)  # the holders' read, in C++
-        if own is not None and own[0]:
-            norms, _, seen = own
-        else:
-            params = [p for g in param_groups(self) for p in g["params"]]
-            grads = [p.grad for p in params if p.grad is not None]
-            if not grads or not _clip.torchext_serves(grads):
-                return _clip.clip_(params, max_norm, norm_type, error_if_nonfinite)
-            norms = list(_clip.device_norms(grads, norm_type).values())
-            seen = (None if torch.compiler.is_compiling()
-                    else [torch.classes.torchext.GradsSeen(params)])
+        measured = self._measure_clip(norm_type)
+        if measured is None:  # (gradients torchext does not serve: torch's function)
+            return _clip.clip_(self._params(), max_norm, norm_type, error_if_nonfinite, foreach)
+        if measured.total is None:
+            return torch.tensor(0.0)
         with torch.no_grad():
-            total = _clip.total_norm_of(norms, norm_type, norms[0].device)
-            _clip.check_nonfinite(total, norm_type, error_if_nonfinite)
-            coef = _clip.clip_coef(total, max_norm)
-        if coef is not None:
-            self._clip_slot.pending = _clip.PendingClip(self, coef, False, seen)
-        return total
+            _clip.check_nonfinite(measured.total, norm_type, error_if_nonfinite)
+            _clip.apply_(self, measured.grads[0], None, _clip.clip_coef(measured.total, max_norm))
+        return measured.total
 
-    def _grads(self) -> list[Tensor]:
-        """Every param's grad (DTensors' local shards), in order."""
-        return [_dtensor.to_local(p.grad) for g in param_groups(self) for p in g["params"]
-                if p.grad is not None]
+    @gate_compiled_step  # (a torch that cannot trace a step: _compile_compat (6))
+    def clip_and_step(self, max_norm: float, norm_type: float = 2.0,
+                      error_if_nonfinite: bool = False, closure=None) -> _clip.ClipAndStep:
+        """:meth:`clip_grad_norm_` then :meth:`step` in one call, the clip
+        folded into the fused step (the gradients are read once for the
+        norm, and the step multiplies them by the coefficient on the fly:
+        they are left unclipped). Returns ``(total_norm, result)``: the norm
+        :meth:`clip_grad_norm_` returns and the closure's loss (None
+        without one).
 
-    def _settle_clip(self) -> None:
-        """The pending clip, when its gradients are still those it measured,
-        applied to them as torch's clip leaves them (for what needs them so:
-        a state_dict, a copy); dropped when they were replaced; kept when they
-        were written in place (the step will refuse it)."""
-        pending = self._clip_slot.pending
-        if pending is None:
-            return
-        status = pending.status()
-        if status == _clip.SAME:
-            pending.apply_(self._grads(), None)
-        if status != _clip.WRITTEN:
-            self._clip_slot.pending = None
+        With a ``closure``, it runs first (inside the step, after torch's
+        step pre-hooks, as in ``step(closure)``) and the clip measures the
+        gradients it made. Without one, step pre-hooks would run between
+        the two halves: the clip is then applied to the gradients first, so
+        the hooks see torch's values. Post-hooks see the gradients after the
+        step: unclipped where the clip was folded. Raises before anything is
+        written (``error_if_nonfinite``, bad gradients): nothing changes.
+        See Note [Clip: applied when called, folded only inside one call]
+        in ``torchext/_clip.py``."""
+        if closure is None and _clip.has_step_pre_hooks(self):
+            total = self.clip_grad_norm_(max_norm, norm_type, error_if_nonfinite)
+            return _clip.ClipAndStep(total, self.step())
+        clip = _ClipCall(max_norm, float(norm_type), error_if_nonfinite)
+        kwargs = {} if closure is None else {"closure": closure}
+
+        def body(opt, closure=None):
+            return opt._step_body(closure, clip)
+
+        if (torch.compiler.is_compiling() or torch._C._autograd._profiler_enabled()
+                or _has_hooks(self)):
+            loss = _run_hooked(self, body, (self,), kwargs)
+        else:
+            loss = body(self, closure)
+        return _clip.ClipAndStep(clip.total, loss)
+
+    def _measure_clip(self, norm_type: float):
+        """The clip's read of this optimizer's gradients (``_clip.measure``),
+        or None for gradients torchext's kernels do not serve (DTensors
+        without holders, devices without kernels): torch's function then."""
+        if self._holder_slots() is None:
+            grads = [g for p in self._params() if (g := p.grad) is not None]
+            if grads and not _clip.torchext_serves(grads):
+                return None
+        return _clip.measure([(self, None)], norm_type, True)
+
+    def _params(self) -> list[Tensor]:
+        return [p for g in param_groups(self) for p in g["params"]]
 
     @gate_compiled_step  # (not traced by a torch that mistraces it: _compile_compat (6))
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """As torch's ``Optimizer.zero_grad`` (traceable by torch.compile),
-        and drops a pending :meth:`clip_grad_norm_`: its gradients are gone."""
-        if self._clip_slot.pending is not None:
-            # (written only when there is one: a compiled step on torch 2.14
-            # replayed the write of None as the write of a graph output)
-            self._clip_slot.pending = None
+        """As torch's ``Optimizer.zero_grad`` (traceable by torch.compile)."""
         super().zero_grad(set_to_none)
 
     # ------------------------------------------------------------------ step
@@ -310,6 +350,11 @@ class ASGD(GroupsAlias, Optimizer):
         Args:
             closure (Callable, optional): re-evaluates the model and returns the loss.
         """
+        return self._step_body(closure, None)
+
+    def _step_body(self, closure, clip: "_ClipCall | None"):
+        """The step (and, from :meth:`clip_and_step`, its clip: measured
+        after the closure, folded into the op as ``clip_coef``)."""
         if getattr(self, _averaging.FLAG, False):  # (a frame less a step when not)
             _averaging.check_not_averaging(self)  # raises, before anything changes
         # What torch's LR schedulers record (see _compile_compat (1)).
@@ -320,20 +365,15 @@ class ASGD(GroupsAlias, Optimizer):
                 loss = closure()
         # Set by a GradScaler (torch's _step_supports_amp_scaling contract, or
         # torchext's _torchext_amp_step): unscale on the fly, skip on device;
-        # and a scaler's pending clip (its coefficient, a second factor).
+        # and clip_and_step's coefficient (a second factor).
         grad_scale = getattr(self, "grad_scale", None)
         found_inf = getattr(self, "found_inf", None)
         clip_coef = getattr(self, "clip_coef", None)
-        # This optimizer's own pending clip (clip_grad_norm_ without a scaler).
-        pending = self._clip_slot.pending
-        if pending is not None:
-            if not pending.valid():  # (raises, changing nothing, when written in place)
-                self._clip_slot.pending = None
-                pending = None
-            elif clip_coef is None:
-                clip_coef = pending.coef
-            else:  # a clip of scaled grads, and the scaler's: both apply
-                clip_coef = clip_coef * pending.coef.to(clip_coef.device, non_blocking=True)
+        if clip is not None:
+            coef = clip.measure(self)  # (raises before anything is written)
+            if coef is not None:
+                clip_coef = coef if clip_coef is None else clip_coef * coef.to(
+                    clip_coef.device, non_blocking=True)
         if clip_coef is not None and clip_coef.dtype not in (torch.float32, torch.float64):
             clip_coef = clip_coef.float()
         if torch.compiler.is_compiling():
@@ -351,8 +391,6 @@ class ASGD(GroupsAlias, Optimizer):
                 raise
             finally:
                 torch._C._set_grad_enabled(grad_was)
-        if pending is not None:
-            self._clip_slot.pending = None  # consumed: a refused step keeps it
         return loss
 
     step = mark_step_not_wrapped(gate_compiled_step(_hooked_step(step)))
@@ -523,11 +561,9 @@ class ASGD(GroupsAlias, Optimizer):
             group.setdefault("fused", None)
         self._gen = Generation()
         self._slot_cache = None
-        self._clip_slot = _clip.ClipSlot()
         own_containers(self, self._gen)
 
     def __getstate__(self) -> dict[str, Any]:
-        self._settle_clip()  # (a copy holds no pending clip: its grads are not copied with it)
         state = super().__getstate__()
         if getattr(self, _averaging.FLAG, False):
             # Pickled inside averaged_parameters() (AWD-LSTM saves the
@@ -539,10 +575,7 @@ class ASGD(GroupsAlias, Optimizer):
     @torch._disable_dynamo
     def state_dict(self) -> dict[str, Any]:
         """As torch's, with every param's state a plain dict (loads with
-        ``torch.load(weights_only=True)``). A pending :meth:`clip_grad_norm_`
-        is first applied to the gradients, as torch's clip leaves them, so
-        that an optimizer rebuilt from this state_dict steps them clipped."""
-        self._settle_clip()
+        ``torch.load(weights_only=True)``)."""
         sd = super().state_dict()
         sd["state"] = {k: dict(v) if isinstance(v, dict) else v for k, v in sd["state"].items()}
         return sd
