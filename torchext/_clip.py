@@ -344,10 +344,10 @@ def measure(reads: list[tuple[Any, Tensor | None]], norm_type: float, allow_fp16
             lists = {d: [t for t in ts if t.numel()] for d, ts in lists.items()}
         if lists and first_device is None:
             first_device = next(iter(lists))
-        found.append(grads.each_device(
+        checked = grads.each_device(
             lambda device, ts, f: norms.append(norms_of(
-                ts, norm_type, device, inv_scale, None if inv_scale is None else f)),
-            lists) if inv_scale is not None else None)
+                ts, norm_type, device, inv_scale, None if inv_scale is None else f)), lists)
+        found.append(checked if inv_scale is not None else None)
     if first_device is None:
         return Measured(None, found, grads_of)
     with torch.no_grad():

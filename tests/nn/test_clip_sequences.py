@@ -8,16 +8,19 @@ Two worlds train the same model on the same data, call for call:
   ``torch.nn.utils.clip_grad_norm_``, ``scaler.step``, ``scaler.update``);
 * torchext's: ``torchext.optim.ASGD`` (fused, capturable, ``fused=False``) or
   the same torch optimizer (fused SGD/AdamW/Adam, foreach or for-loop SGD and
-  Adam), ``torchext.amp.GradScaler``, and its fused clip
+  Adam), ``torchext.amp.GradScaler``, and its clips: the two-call clip
   (``scaler.clip_grad_norm_``; ``opt.clip_grad_norm_`` or the drop-in
-  without a scaler or with a disabled one).
+  without a scaler or with a disabled one) and the fold, ``clip_and_step``
+  (the scaler's, or ASGD's own), drawn per optimizer and iteration.
 
 Each sequence draws: one or two optimizers on one scaler, 1-3 param groups,
 params without grads, the norm order, ``max_norm`` from 1e-30 to inf, loss
 magnitudes from 1e-6 to 1e4 and ``init_scale`` from 2**4 to 2**127 with a
 growth interval of 1-3 (the scale climbs to float32's top), injected inf and
 NaN, gradient accumulation, ``zero_grad`` to None or to zeros, a second clip,
-``unscale_`` before the clip, and abandoned iterations: ``zero_grad`` after
+``unscale_`` before the clip, user code between the clip and the step
+(``.grad`` replaced, edited in place, written through ``.data``), and
+abandoned iterations: ``zero_grad`` after
 the clip (then ``update()`` with a scaler), a skipped step, an exception in
 the optimizer's step then a retry, in-place round trips of both state_dicts
 between any two calls and rebuilt optimizers between iterations. After every
@@ -34,7 +37,6 @@ import pytest
 import torch
 
 import torchext
-from torchext._clip import GradsChangedError
 
 SEEDS = range(60)
 TOL = 1e-5
@@ -44,15 +46,27 @@ TOL = 1e-5
 
 class _RaiseOnce:
     """A step pre-hook that raises at the next step it sees (an exception
-    inside the optimizer's step, before it writes)."""
+    inside the optimizer's step, before it writes). Registered only while
+    armed: a step pre-hook changes how ``clip_and_step`` applies its clip."""
 
     def __init__(self):
-        self.armed = False
+        self.handle = None
+
+    @property
+    def armed(self):
+        return self.handle is not None
+
+    def arm(self, opt):
+        self.handle = opt.register_step_pre_hook(self)
+
+    def disarm(self):
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
 
     def __call__(self, opt, args, kwargs):
-        if self.armed:
-            self.armed = False
-            raise RuntimeError("injected failure")
+        self.disarm()
+        raise RuntimeError("injected failure")
 
 
 # name -> (torch's optimizer, torchext's world's optimizer, device-side skip)
@@ -110,12 +124,8 @@ class World:
     def _make_opt(self, k):
         make = VARIANTS[self.cfg["variants"][k]][1 if self.ours else 0]
         opt = make(self._groups(k))
-        hook = _RaiseOnce()
-        opt.register_step_pre_hook(hook)
         if len(self.hooks) <= k:
-            self.hooks.append(hook)
-        else:
-            hook.armed, self.hooks[k] = self.hooks[k].armed, hook
+            self.hooks.append(_RaiseOnce())
         return opt
 
     def _make_scaler(self):
@@ -168,6 +178,29 @@ class World:
         if isinstance(opt, torchext.optim.ASGD):
             return opt.clip_grad_norm_(max_norm, norm_type)
         return torchext.nn.utils.clip_grad_norm_(params, max_norm, norm_type)
+
+    def clip_and_step(self, k, max_norm, norm_type, first: bool):
+        """torchext's one call; torch's recipe (its clip, then its step)."""
+        if not self.ours:
+            return self.clip(k, max_norm, norm_type, first), self.step(k)
+        opt = self.opts[k]
+        if self.scaler is not None:
+            return tuple(self.scaler.clip_and_step(opt, max_norm, norm_type))
+        if isinstance(opt, torchext.optim.ASGD):
+            return tuple(opt.clip_and_step(max_norm, norm_type))
+        params = [p for g in opt.param_groups for p in g["params"]]
+        return torchext.nn.utils.clip_grad_norm_(params, max_norm, norm_type), opt.step()
+
+    def between(self, what):
+        """What user code does between the clip and the step."""
+        grads = [p for p in self.model.parameters() if p.grad is not None]
+        for p in grads:
+            if what == "replace":
+                p.grad = p.grad.clone()
+            elif what == "in place":
+                p.grad.mul_(0.5)
+            elif what == ".data":
+                p.grad.data.add_(1e-3)
 
     def stage(self, k):
         if not self.scaling:
@@ -327,17 +360,24 @@ def run_sequence(seed, iterations=10):
             call(f"poison {where}={value}", lambda w: w.poison(where, value))
         maybe_round_trip()
         abandoned = False
+        folded = {}  # k -> (max_norm, first): the clip_and_step of optimizer k
         for k in range(n):
             if x_w.scaling and r.random() < 0.15:  # Lightning's order
                 call(f"unscale_ {k}", lambda w: w.unscale(k))
             n_clips = r.choice([0, 1, 1, 1, 2])
             for c in range(n_clips):
                 max_norm = r.choice([1e-30, 1e-3, 0.05, 0.5, 1e3, math.inf])
+                if c == n_clips - 1 and r.random() < 0.4:  # the clip folded into the step
+                    folded[k] = (max_norm, c == 0)
+                    break
                 nx, nt = call(f"clip {k} (#{c}) max_norm={max_norm}",
                               lambda w: w.clip(k, max_norm, cfg["norm_type"], c == 0))
                 if nt is not None:
                     compare_norms(nx, nt, f"seed {seed} {log[-1]}")
                 maybe_round_trip()
+                if r.random() < 0.2:  # user code between the clip and the step
+                    what = r.choice(["replace", "in place", ".data"])
+                    call(f"between: {what}", lambda w: w.between(what))
             if n_clips and r.random() < 0.1:
                 # Abandoned after the clip: zero_grad, and with a scaler the
                 # iteration ends with update(), as torch's protocol needs.
@@ -356,20 +396,31 @@ def run_sequence(seed, iterations=10):
                 # an overflow neither scaler calls step(): nothing raises.)
                 raised = []
                 for w in both:
-                    w.hooks[k].armed = True
+                    w.hooks[k].arm(w.opts[k])
                     try:
-                        w.step(k)
+                        if k in folded:
+                            w.clip_and_step(k, folded[k][0], cfg["norm_type"], folded[k][1])
+                        else:
+                            w.step(k)
                         raised.append(False)
                     except RuntimeError as e:
                         assert "injected failure" in str(e), e
                         raised.append(True)
-                    w.hooks[k].armed = False
+                    w.hooks[k].disarm()
                 assert raised[0] == raised[1], f"seed {seed}: step {k} raised in one world only"
                 compare(x_w, t_w, f"seed {seed}: after a failed step {k}")
                 if not raised[0]:
                     continue
+                folded.pop(k, None)  # (clipped before the step raised: retried by step)
                 maybe_round_trip()
-            call(f"step {k}", lambda w: w.step(k))
+            if k in folded:
+                max_norm, first = folded[k]
+                out = call(f"clip_and_step {k} max_norm={max_norm}", lambda w: w.clip_and_step(
+                    k, max_norm, cfg["norm_type"], first))
+                if out[1] is not None:
+                    compare_norms(out[0][0], out[1][0], f"seed {seed} {log[-1]}")
+            else:
+                call(f"step {k}", lambda w: w.step(k))
             maybe_round_trip()
         call("update", lambda w: w.update())
         if r.random() < 0.1:
