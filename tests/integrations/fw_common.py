@@ -238,30 +238,39 @@ def assert_close(got, ref, what: str = "") -> None:
 
 
 class FusedClips:
-    """Counts torchext's fused clips while active: the calls of
-    ``torchext.amp.GradScaler.clip_grad_norm_`` (``scaler``) and of
-    ``torchext.optim.ASGD.clip_grad_norm_`` made by anything but the scaler
-    (``asgd``)."""
+    """Counts torchext's clips while active, the call each framework used:
+    the two-call clips, ``torchext.amp.GradScaler.clip_grad_norm_``
+    (``scaler``) and ``torchext.optim.ASGD.clip_grad_norm_`` made by
+    anything but the scaler (``asgd``), and the folds, ``clip_and_step`` of
+    the scaler (``scaler_fold``) and of ASGD (``asgd_fold``). A call made
+    inside another counted call is not counted."""
+
+    METHODS = ((torchext.amp.GradScaler, "clip_grad_norm_", "scaler"),
+               (torchext.optim.ASGD, "clip_grad_norm_", "asgd"),
+               (torchext.amp.GradScaler, "clip_and_step", "scaler_fold"),
+               (torchext.optim.ASGD, "clip_and_step", "asgd_fold"))
 
     def __enter__(self):
-        self.scaler = self.asgd = 0
+        self.scaler = self.asgd = self.scaler_fold = self.asgd_fold = 0
         self._saved = []
-        for cls, name in ((torchext.amp.GradScaler, "scaler"), (torchext.optim.ASGD, "asgd")):
-            original = cls.__dict__["clip_grad_norm_"]
-            self._saved.append((cls, original))
+        for cls, method, name in self.METHODS:
+            original = cls.__dict__[method]
+            self._saved.append((cls, method, original))
 
             def counted(obj, *args, _original=original, _name=name, **kwargs):
-                if not getattr(self, "_inside", False):
+                outer = not getattr(self, "_inside", False)
+                if outer:
                     setattr(self, _name, getattr(self, _name) + 1)
                 self._inside = True
                 try:
                     return _original(obj, *args, **kwargs)
                 finally:
-                    self._inside = False
+                    if outer:
+                        self._inside = False
 
-            setattr(cls, "clip_grad_norm_", counted)
+            setattr(cls, method, counted)
         return self
 
     def __exit__(self, *exc):
-        for cls, original in self._saved:
-            setattr(cls, "clip_grad_norm_", original)
+        for cls, method, original in self._saved:
+            setattr(cls, method, original)

@@ -199,10 +199,12 @@ def test_use_torchext_scaler():
 def test_torchext_scaler_steps_in_one_fused_pass(clip):
     """What torchext's scaler is for, inside accelerate: without clipping,
     a read-only inf check and one fused ASGD pass that unscales on the fly
-    (no unscale pass), one host read of found_inf; with clipping (or the
-    norm only, the HF Trainer's max_norm=inf), one read gives the norm and
-    the inf check (tensor_norms), and the same one pass unscales and clips:
-    the gradients are never rewritten."""
+    (no unscale pass), one host read of found_inf. With clipping, the
+    two-call clip (accelerate runs user code and callbacks between its
+    clip_grad_norm_ and the step, so nothing may wait for the step): one
+    read gives the norm and the inf check (tensor_norms), one pass writes
+    the unscaled, clipped gradients (unscale_), then the fused step. With
+    the norm only (the HF Trainer's max_norm=inf) that pass only unscales."""
     acc = make_accelerator("fp16", "torchext")
     model = mlp()
     model, opt = acc.prepare(model, optimizer("torchext", model.parameters()))
@@ -217,8 +219,8 @@ def test_torchext_scaler_steps_in_one_fused_pass(clip):
     assert rec.ops.count("torchext.asgd_.packed") == 1
     assert rec.ops.count("torchext.tensor_norms.default") == (clip is not None)
     assert ("torchext.check_finite_.default" in rec.ops) == (clip is None)
-    writes = {"torchext.unscale_.default", "aten._foreach_mul_.Tensor", "aten.mul_.Tensor"}
-    assert not writes & set(rec.ops)
+    assert rec.ops.count("torchext.unscale_.default") == (clip is not None)
+    assert not {"aten._foreach_mul_.Tensor", "aten.mul_.Tensor"} & set(rec.ops)
     assert rec.host_reads() == 1  # found_inf, read once (torch's scaler reads it too)
     assert not acc.optimizer_step_was_skipped
 
@@ -283,7 +285,7 @@ def test_fused_clip_only_where_it_is_accelerates_clip(monkeypatch):
     with FusedClips() as fused:
         acc.clip_grad_norm_(m1.parameters(), 1.0)
     assert fused.scaler == 1 and stage(acc, o0) == "UNSCALED"
-    assert acc.scaler.clip_pending(o1) and stage(acc, o1) == "UNSCALED"
+    assert stage(acc, o1) == "UNSCALED"  # (clipped: nothing waits)
     # a part of an optimizer's parameters, or parameters twice: accelerate's clip
     for pick in (lambda m: list(m.parameters())[:2], lambda m: [*m.parameters(), *m.parameters()]):
         acc, (m0,), (o0,) = setup()

@@ -68,12 +68,12 @@ class Module(pl.LightningModule):
 
 def train(opt_kind, scaler_kind, *, precision="16-mixed", clip=1.0, accum=1, epochs=2,
           poison=POISON, compile=False, checkpoint=None, resume=None, capturable=False,
-          plugin="lightning"):
+          plugin="lightning", module_cls=None):
     """``checkpoint``: train one epoch and save a checkpoint there;
     ``resume``: fit from that checkpoint (``ckpt_path=``) to the end;
     ``plugin``: Lightning's MixedPrecision or torchext's. Returns the record
     of each step, the final state and the fused clips that ran."""
-    module = Module(opt_kind, capturable)
+    module = (module_cls or Module)(opt_kind, capturable)
     sc = None if scaler_kind is None else scaler(scaler_kind)
     plugin_cls = MixedPrecision if plugin == "lightning" else torchext_lightning.MixedPrecision
     trainer = pl.Trainer(
@@ -93,7 +93,7 @@ def train(opt_kind, scaler_kind, *, precision="16-mixed", clip=1.0, accum=1, epo
                              if "optimizer.step()" in str(w.message)})
     final = dict(params=params(module), opt=optimizer_state(opt), scaler=scaler_state(sc),
                  global_step=trainer.global_step, sched_warnings=sched_warnings)
-    return module.record, final, (fused.scaler, fused.asgd)
+    return module.record, final, (fused.scaler_fold, fused.scaler, fused.asgd)
 
 
 _references = {}
@@ -177,26 +177,48 @@ def test_capturable_asks_for_the_fused_contract():
 
 @pytest.mark.parametrize("accum", [1, 2], ids=["clip", "clip-accumulate2"])
 def test_torchext_plugin_fused_clip(accum):
-    """torchext's MixedPrecision: after Lightning's unscale_,
-    gradient_clip_val is the scaler's fused clip (the coefficient folded
-    into the step), once per optimizer step, overflows included; against
-    torch's classes under Lightning's plugin. With torch's scaler in it,
-    Lightning's own clip, bit for bit."""
+    """torchext's MixedPrecision: after Lightning's unscale_, with the
+    default configure_gradient_clipping, gradient_clip_val is folded into
+    the step (scaler.clip_and_step), once per optimizer step, overflows
+    included; against torch's classes under Lightning's plugin. With torch's
+    scaler in it, Lightning's own clip, bit for bit."""
     ref = reference(clip=1.0, accum=accum)
     got = train("torchext", "torchext", clip=1.0, accum=accum, plugin="torchext")
     check(got, ref)
-    assert got[2] == (len(ref[0]) // accum, 0)
+    assert got[2] == (len(ref[0]) // accum, 0, 0)
     got = train("torchext", "torch", clip=1.0, accum=accum, plugin="torchext")
-    assert got[2] == (0, 0)
+    assert got[2] == (0, 0, 0)
+    check(got, ref)
+
+
+class ClipHookModule(Module):
+    """Overrides configure_gradient_clipping (user code after the clip):
+    Lightning's hook clips as the default one, then reads the gradients."""
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None,
+                                    gradient_clip_algorithm=None):
+        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        self.clipped_norms = getattr(self, "clipped_norms", [])
+        self.clipped_norms.append(torch.nn.utils.get_total_norm(
+            [p.grad for p in self.parameters() if p.grad is not None]))
+
+
+def test_torchext_plugin_overridden_clipping_hook_uses_the_two_call_clip():
+    """User code runs after the clip in an overridden configure_gradient_clipping:
+    the two-call clip, applied when called (the hook reads torch's clipped
+    gradients), never the fold."""
+    ref = train("torch", "torch", clip=1.0, module_cls=ClipHookModule)
+    got = train("torchext", "torchext", clip=1.0, plugin="torchext", module_cls=ClipHookModule)
+    assert got[2] == (0, len(ref[0]), 0)
     check(got, ref)
 
 
 def test_torchext_plugin_bf16_fused_clip():
     """bf16-mixed (no scaler): torchext's ASGD clips through its own
-    clip_grad_norm_, folded into its next step."""
+    two-call clip_grad_norm_ (one read, one pass)."""
     ref = train("torch", None, precision="bf16-mixed", poison=())
     got = train("torchext", None, precision="bf16-mixed", poison=(), plugin="torchext")
-    assert got[2] == (0, len(ref[0]))
+    assert got[2] == (0, 0, len(ref[0]))
     check(got, ref)
 
 
@@ -210,13 +232,13 @@ def test_torchext_plugin_ckpt_path_resume(tmp_path):
 
 
 def test_torchext_plugin_does_not_rewrite_the_gradients():
-    """The fused clip reads the gradients once (tensor_norms) and never
+    """The folded clip reads the gradients once (tensor_norms) and never
     writes them: the only pass that writes is Lightning's unscale_, and
     torch's clip (_foreach_norm, _foreach_mul_) does not run."""
     with RecordOps() as rec:
         got = train("torchext", "torchext", plugin="torchext", epochs=1)
     steps = len(got[0])
-    assert got[2] == (steps, 0)
+    assert got[2] == (steps, 0, 0)
     assert rec.ops.count("torchext.tensor_norms.default") == steps
     assert rec.ops.count("torchext.unscale_.default") == steps
     assert not {"aten._foreach_norm.Scalar", "aten._foreach_mul_.Tensor"} & set(rec.ops)
