@@ -5,7 +5,7 @@ Prints the losses side by side and the step-time ratio (both measured in this
 process, so the ratio holds whatever the machine). Runs on CPU (bf16
 autocast) or CUDA (fp16 autocast). The loop clips gradients as most AMP
 loops do: torch's recipe (unscale_, clip_grad_norm_) on torch's side,
-torchext's fused clip (scaler.clip_grad_norm_) on the other; --clip 0 turns
+torchext's clip_and_step (the clip folded into the fused step) on the other; --clip 0 turns
 clipping off.
 
     python examples/train_demo.py [--steps 300] [--device cpu|cuda] [--compile] [--clip 1.0]
@@ -75,11 +75,13 @@ def main():
                 loss = loss_fn(model(x), y)
             scaler.scale(loss).backward()
             if args.clip and isinstance(scaler, torchext.amp.GradScaler):
-                scaler.clip_grad_norm_(opt, args.clip)  # one read, folded into the step
-            elif args.clip:
-                scaler.unscale_(opt)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-            scaler.step(opt)
+                # one read of the grads, the clip folded into the fused step
+                scaler.clip_and_step(opt, args.clip)
+            else:
+                if args.clip:
+                    scaler.unscale_(opt)
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+                scaler.step(opt)
             scaler.update()
             return loss.detach()
         return step

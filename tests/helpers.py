@@ -138,7 +138,8 @@ SCALER_OVERRIDES = {
 def amp_train_step(model, opt, scaler, x, y, device_type="cpu", dtype=torch.bfloat16,
                    clip=None, around_step=None):
     """The AMP loop people write, one iteration: zero_grad, an autocast
-    forward, scaled backward, (the fused clip), step, update. Returns the
+    forward, scaled backward, step (with ``clip``: clip_and_step, the clip
+    folded into the step in one call), update. Returns the
     loss, detached. ``around_step``: a context manager around step and
     update (NoHostSync, sync-debug modes). The compile tests trace it whole
     (test_compile.make_train_step) or call it around a compiled model
@@ -148,14 +149,14 @@ def amp_train_step(model, opt, scaler, x, y, device_type="cpu", dtype=torch.bflo
     with torch.autocast(device_type, dtype=dtype):
         loss = torch.nn.functional.mse_loss(model(x), y)
     scaler.scale(loss).backward()
-    if clip is not None:
-        scaler.clip_grad_norm_(opt, clip)
+    step = ((lambda: scaler.step(opt)) if clip is None
+            else (lambda: scaler.clip_and_step(opt, clip)))
     if around_step is None:
-        scaler.step(opt)
+        step()
         scaler.update()
     else:
         with around_step:
-            scaler.step(opt)
+            step()
             scaler.update()
     return loss.detach()
 

@@ -7,7 +7,8 @@ Every recipe runs without and, with a ``+clip`` suffix, with gradient
 clipping (``max_norm`` half the gradients' norm at the first step, so the clip
 is active): torch's recipes call ``scaler.unscale_(opt)`` and
 ``torch.nn.utils.clip_grad_norm_`` eagerly (or in their graph), torchext's
-``scaler.clip_grad_norm_(opt, max_norm)``.
+``scaler.clip_and_step(opt, max_norm)`` (the clip folded into the step: its
+"clip" phase is then part of "step").
 
 Per model and recipe: the time to reach the steady state (every compile and
 recompile until none comes, cold inductor cache), the recompiles after the
@@ -196,11 +197,17 @@ class Setup:
         params = [p for g in opt.param_groups for p in g["params"]]
 
         def clip_grads():
-            if lib == "torchext":
-                scaler.clip_grad_norm_(opt, max_norm)
-            else:  # torch's recipe: unscale, then clip
+            # torch's recipe: unscale, then clip (torchext's folds its clip
+            # into the step: step_opt)
+            if lib != "torchext":
                 scaler.unscale_(opt)
                 torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+        def step_opt():
+            if clip and lib == "torchext":
+                scaler.clip_and_step(opt, max_norm)
+            else:
+                scaler.step(opt)
 
         def train_step(*inputs):
             opt.zero_grad(set_to_none=True)
@@ -210,7 +217,7 @@ class Setup:
             t0 = time.perf_counter() if timed else None
             if clip:
                 clip_grads()
-            scaler.step(opt)
+            step_opt()
             scaler.update()
             if t0 is not None:
                 self.opt_ms.append((time.perf_counter() - t0) * 1e3)
@@ -231,7 +238,7 @@ class Setup:
             if clip:
                 clip_grads()
             t.append(clock())
-            scaler.step(opt)
+            step_opt()
             t.append(clock())
             scaler.update()
             t.append(clock())

@@ -479,6 +479,58 @@ def check_cuda_graph(device, gen, rng, tally):
                 tally.exact(f"replay {replay}", t, r)
 
 
+def check_clip_calls(device, gen, rng, tally):
+    """The scaler's two clips vs torch's recipe (``unscale_``,
+    ``torch.nn.utils.clip_grad_norm_``, ``step``) with torchext's ASGD vs
+    torch.optim.ASGD: the two-call clip (``clip_grad_norm_`` then ``step``,
+    applied when called) and the fold (``clip_and_step``), at scales up to
+    2**127 where ``scale / coef`` overflows float32, with an inf step."""
+    from ..amp import GradScaler
+    from ..optim import ASGD
+    kw = dict(lr=0.05, lambd=1e-4, t0=1.0, weight_decay=0.01)
+    for call in ("two calls", "clip_and_step"):
+        for init_scale in (2.0 ** 16, 2.0 ** 127):
+            seed = rng.randrange(1 << 30)
+            models = []
+            for _ in range(2):
+                torch.manual_seed(seed)
+                models.append(torch.nn.Sequential(
+                    torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).to(device))
+            ours = (models[0], ASGD(models[0].parameters(), **kw),
+                    GradScaler(device, init_scale=init_scale))
+            theirs = (models[1], torch.optim.ASGD(models[1].parameters(), foreach=False, **kw),
+                      torch.amp.GradScaler(device, init_scale=init_scale))
+            for it in range(STEPS):
+                x = torch.randn(16, 8, generator=gen).to(device)
+                y = torch.randn(16, 4, generator=gen).to(device)
+                max_norm = rng.choice([1e-3, 0.05, 1.0])
+                for k, (m, opt, sc) in enumerate((ours, theirs)):
+                    opt.zero_grad()
+                    sc.scale(torch.nn.functional.mse_loss(m(x), y)).backward()
+                    if it == 1:  # an overflow: the step is skipped in both
+                        next(m.parameters()).grad.view(-1)[0] = float("inf")
+                    if k == 1:
+                        sc.unscale_(opt)
+                        torch.nn.utils.clip_grad_norm_(list(m.parameters()), max_norm)
+                        sc.step(opt)
+                    elif call == "two calls":
+                        sc.clip_grad_norm_(opt, max_norm)
+                        sc.step(opt)
+                    else:
+                        sc.clip_and_step(opt, max_norm)
+                    sc.update()
+            tally.case()
+            for i, (p, q) in enumerate(zip(models[0].parameters(), models[1].parameters())):
+                tally.close(f"{call}, scale {init_scale:g}: param {i}", p.detach(), q.detach(),
+                            CLIP_TOL)
+
+
+#: Two float32 roundings of torch's recipe after a few steps (the norms are
+#: summed in double, in another order; the fold multiplies by two factors
+#: where torch's recipe stores the unscaled gradient in between).
+CLIP_TOL = 1e-5
+
+
 CHECKS = [
     ("asgd_ (float lr)", check_asgd_float_lr, None),
     ("asgd_ (tensor lr)", check_asgd_tensor_lr, None),
@@ -487,6 +539,7 @@ CHECKS = [
     ("check_finite_", check_check_finite, None),
     ("unscale_", check_unscale, None),
     ("tensor_norms", check_tensor_norms, None),
+    ("clip: two calls and clip_and_step", check_clip_calls, None),
     ("update_scale_", check_update_scale, None),
     ("swap_", check_swap, lambda device: None if has_swap() else "op not in this build"),
     ("bad input refused", check_bad_input, None),
