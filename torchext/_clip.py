@@ -45,11 +45,13 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 from torch.nn.utils import clip_grad as _torch_clip_grad
+from torch.optim import optimizer as _torch_optimizer
 from torch.utils._foreach_utils import _device_has_foreach_support
 
 from . import _devices
+from ._compile_compat import param_groups
 from .amp import protocol
-from .amp._grads import GradsByDevice
+from ._grads import GradsByDevice
 
 __all__ = ["torchext_serves", "check_nonfinite", "total_norm_of", "clip_coef",
            "reduce_sharded", "norms_of", "device_norms", "multiply_", "total_norm",
@@ -393,8 +395,7 @@ def has_step_pre_hooks(optimizer) -> bool:
     """Whether user code would run between the two halves of a fold (torch's
     global or per-instance optimizer step pre-hooks): ``clip_and_step`` then
     applies the clip to the gradients first, so the hooks see torch's values."""
-    from torch.optim import optimizer as torch_optimizer
-    return bool(torch_optimizer._global_optimizer_pre_hooks
+    return bool(_torch_optimizer._global_optimizer_pre_hooks
                 or getattr(optimizer, "_optimizer_step_pre_hooks", None))
 
 
@@ -406,7 +407,6 @@ def clip_optimizers_(optimizers: list, max_norm: float, norm_type: float,
     if len(optimizers) == 1 and getattr(optimizers[0], protocol.STEP, False) and hasattr(
             optimizers[0], "clip_grad_norm_"):
         return optimizers[0].clip_grad_norm_(max_norm, norm_type, error_if_nonfinite, foreach)
-    from ._compile_compat import param_groups
     params = [p for opt in optimizers for g in param_groups(opt) for p in g["params"]]
     return clip_(params, max_norm, norm_type, error_if_nonfinite, foreach)
 

@@ -4,7 +4,7 @@ The ops take lists on one device, and a host read is one sync per device, so
 every grouping by device in torchext's Python goes through
 :func:`indices_by_device` (with :func:`pick` for each list), devices in order
 of first appearance: ASGD's slot groups and ``functional.asgd`` (through
-:func:`indices_by_device_and_key`), the scaler's grads (``amp/_grads.py``),
+:func:`indices_by_device_and_key`), the scaler's grads (``_grads.py``),
 the averaged weights' swap and step counts (``optim/averaging.py``) and the
 checkpoint's value check (``optim/_checkpoint.py``). C++'s twin is
 csrc/api/device_groups.h (``index_by_device``, the same order).

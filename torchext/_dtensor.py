@@ -1,6 +1,6 @@
 """DTensor (FSDP2 / ``torch.distributed.tensor``) support for torchext's ops,
 shared by the optimizer (``optim/``: the step, its state, checkpoints,
-averaging) and the scaler (``amp/_grads.py``).
+averaging) and the scaler (``_grads.py``).
 
 Design choice: **unwrap to local shards**, not DTensor sharding rules.
 

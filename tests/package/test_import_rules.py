@@ -199,7 +199,7 @@ def test_the_scan_sees_the_imports_it_judges():
     # If the walk or the resolution broke, every rule would pass on nothing.
     found = imports()
     where = {i.where.rsplit(":", 1)[0] for i in found}
-    assert os.path.join(ROOT, "amp", "_grads.py") in where
+    assert os.path.join(ROOT, "amp", "grad_scaler.py") in where
     names = {n for i in found for n in i.names}
     assert {"torchext._devices", "torchext._compile_compat.param_groups",
             "torchext._library.library_path", "torchext.optim.asgd.ASGD"} <= names, names

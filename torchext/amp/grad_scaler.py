@@ -23,7 +23,7 @@ from torch.amp.grad_scaler import OptState
 from .. import _clip
 from .._compile_compat import STEP_GATE_FRAMES, gate_compiled_step, param_groups
 from . import _checkpoint, protocol
-from ._grads import GradsByDevice
+from .._grads import GradsByDevice
 
 __all__ = ["GradScaler", "OptState"]
 

@@ -1,14 +1,14 @@
-"""The gradients GradScaler checks, measures and unscales: an optimizer's
-grads grouped by device, gathered and checked in full before anything is
-written."""
+"""The gradients GradScaler checks and unscales and the clip measures
+(``_clip.py``): an optimizer's grads grouped by device, gathered and checked
+in full before anything is written."""
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from .._compile_compat import param_groups
-from .._devices import indices_by_device, pick
-from .._dtensor import to_local
+from ._compile_compat import param_groups
+from ._devices import indices_by_device, pick
+from ._dtensor import to_local
 
 __all__ = ["GradsByDevice"]
 
