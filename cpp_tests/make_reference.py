@@ -22,14 +22,12 @@ Everything is produced by PyTorch itself at test time (nothing is committed):
   amp_protocol_ref.pt  torchext.amp.GradScaler + torchext.optim.ASGD with
                   overflows (plain, capturable, unscale_ first): which steps
                   called step(), the scales, the params and step counts.
-  clip_ref.pt     the fused clips: torchext.amp.GradScaler.clip_grad_norm_
+  clip_ref.pt     the fused clips, each as two calls (clip_grad_norm_ then
+                  step) and as one (clip_and_step): torchext.amp.GradScaler
                   (torchext ASGD, plain/capturable/unscale_ first/inf norm, and
-                  torch's SGD), a disabled scaler, ASGD.clip_grad_norm_ without a
+                  torch's SGD), a disabled scaler, torchext ASGD without a
                   scaler; a small MLP through overflows with clipping active:
                   the total norms, scales, skipped steps, final params.
-  clip_edges_ref.pt  the pending clip's rules (top scales, an abandoned clip,
-                  a rebuilt optimizer, second clips, a retried step, a scaler
-                  round trip between clip and step), short scripts C++ replays.
   unfused_ref.pt  torchext.optim.ASGD(fused=False) (reference_asgd and
                   _create_state) over options, tensor lr, grad_scale/found_inf,
                   capturable, complex: the C++ unfused step must match bit for bit.
@@ -577,17 +575,28 @@ def amp_protocol_reference(out):
 
 
 # ---- the fused clips: Python's torchext vs C++ (test_grad_scaler.cpp) ------------
-# Each variant: (optimizer, scaler: "on"/"off"/None, unscale_ first, norm_type).
+# Each variant: (optimizer, scaler: "on"/"off"/None, unscale_ first, norm_type,
+# one call: clip_and_step instead of clip_grad_norm_ then step). See Note [Clip:
+# applied when called, folded only inside one call] (torchext/_clip.py).
 CLIP_VARIANTS = {
-    "asgd": ("asgd", "on", False, 2.0),
-    "asgd_capturable": ("asgd_capturable", "on", False, 2.0),
-    "asgd_unscale_first": ("asgd", "on", True, 2.0),
-    "asgd_inf_norm": ("asgd", "on", False, float("inf")),
-    "sgd": ("sgd", "on", False, 2.0),
-    "sgd_unscale_first": ("sgd", "on", True, 2.0),
-    "asgd_disabled": ("asgd", "off", False, 2.0),
-    "sgd_disabled": ("sgd", "off", False, 2.0),
-    "asgd_no_scaler": ("asgd", None, False, 2.0),
+    "asgd": ("asgd", "on", False, 2.0, False),
+    "asgd_capturable": ("asgd_capturable", "on", False, 2.0, False),
+    "asgd_unscale_first": ("asgd", "on", True, 2.0, False),
+    "asgd_inf_norm": ("asgd", "on", False, float("inf"), False),
+    "sgd": ("sgd", "on", False, 2.0, False),
+    "sgd_unscale_first": ("sgd", "on", True, 2.0, False),
+    "asgd_disabled": ("asgd", "off", False, 2.0, False),
+    "sgd_disabled": ("sgd", "off", False, 2.0, False),
+    "asgd_no_scaler": ("asgd", None, False, 2.0, False),
+    "asgd_one_call": ("asgd", "on", False, 2.0, True),
+    "asgd_capturable_one_call": ("asgd_capturable", "on", False, 2.0, True),
+    "asgd_unscale_first_one_call": ("asgd", "on", True, 2.0, True),
+    "asgd_inf_norm_one_call": ("asgd", "on", False, float("inf"), True),
+    "sgd_one_call": ("sgd", "on", False, 2.0, True),
+    "sgd_unscale_first_one_call": ("sgd", "on", True, 2.0, True),
+    "asgd_disabled_one_call": ("asgd", "off", False, 2.0, True),
+    "sgd_disabled_one_call": ("sgd", "off", False, 2.0, True),
+    "asgd_no_scaler_one_call": ("asgd", None, False, 2.0, True),
 }
 CLIP_STEPS = 16
 CLIP_MAX_NORM = 0.05
@@ -597,8 +606,9 @@ CLIP_SCALER = dict(init_scale=2.0 ** 10, growth_interval=4)
 
 def clip_reference(out):
     """A small MLP (Linear 6->16, tanh, Linear 16->3, MSE) trained with the
-    clip of each CLIP_VARIANTS entry; the C++ test builds the same model from
-    the saved weights and must match every number bit for bit."""
+    clip of each CLIP_VARIANTS entry; the C++ test (GradScaler.ClipMatchesPython)
+    builds the same model from the saved weights, makes the same calls, and
+    must match every number bit for bit."""
     from torchext.amp import GradScaler
     from torchext.optim import ASGD as TorchextASGD
     gen = torch.Generator().manual_seed(5)
@@ -611,7 +621,8 @@ def clip_reference(out):
         ref[f"init{i}"] = t
     for bad_step, value in CLIP_BAD_GRAD.items():
         ref[f"bad_at{bad_step}"] = torch.tensor(value)
-    for name, (opt_kind, scaler_kind, unscale_first, norm_type) in CLIP_VARIANTS.items():
+    for name, (opt_kind, scaler_kind, unscale_first, norm_type, one_call) in (
+            CLIP_VARIANTS.items()):
         params = [t.clone().requires_grad_() for t in init]
         if opt_kind == "sgd":
             opt = torch.optim.SGD(params, lr=0.05, momentum=0.9)
@@ -627,16 +638,22 @@ def clip_reference(out):
                                                                            params[3]), y)
             if scaler is None:
                 loss.backward()
-                norms.append(opt.clip_grad_norm_(CLIP_MAX_NORM, norm_type))
-                opt.step()
+                if one_call:
+                    norms.append(opt.clip_and_step(CLIP_MAX_NORM, norm_type).total_norm)
+                else:
+                    norms.append(opt.clip_grad_norm_(CLIP_MAX_NORM, norm_type))
+                    opt.step()
                 continue
             scaler.scale(loss).backward()
             if scaler_kind == "on" and s in CLIP_BAD_GRAD:
                 params[0].grad.view(-1)[1] = CLIP_BAD_GRAD[s]
             if unscale_first:
                 scaler.unscale_(opt)
-            norms.append(scaler.clip_grad_norm_(opt, CLIP_MAX_NORM, norm_type))
-            scaler.step(opt)
+            if one_call:
+                norms.append(scaler.clip_and_step(opt, CLIP_MAX_NORM, norm_type).total_norm)
+            else:
+                norms.append(scaler.clip_grad_norm_(opt, CLIP_MAX_NORM, norm_type))
+                scaler.step(opt)
             scaler.update()
             scales.append(scaler.get_scale())
         pre = name + "/"
@@ -647,115 +664,6 @@ def clip_reference(out):
         for i, p in enumerate(params):
             ref[pre + f"param{i}"] = p.detach().clone()
     torch.save(ref, os.path.join(out, "clip_ref.pt"))
-
-
-# ---- the clip's edges: Python's torchext vs C++ (test_grad_scaler.cpp) -------
-# Each scenario is a short script the C++ test replays call for call
-# (GradScaler.ClipEdgesMatchPython): the pending clip's rules (top scales,
-# an abandoned clip, a rebuilt optimizer, second clips, a retried step, a
-# scaler round trip between clip and step), every number bit for bit.
-EDGE_W = [[0.5, -1.0, 2.0], [1.5, 0.25, -0.75]]  # a 2x3 weight
-EDGE_X = [[1.0, 2.0, -1.0], [0.5, -2.0, 3.0], [-1.5, 1.0, 0.5], [2.0, 0.0, -0.5]]
-
-
-def _edge_loss(w, k):
-    x = torch.tensor(EDGE_X) * (1.0 + k)
-    return (torch.nn.functional.linear(x, w) ** 2).mean() * 0.5
-
-
-class _RaiseOnce:
-    def __init__(self):
-        self.armed = True
-
-    def __call__(self, opt, args, kwargs):
-        if self.armed:
-            self.armed = False
-            raise RuntimeError("injected")
-
-
-def clip_edges_reference(out):
-    from torchext.amp import GradScaler
-    from torchext.optim import ASGD as TorchextASGD
-    ref = {"w": torch.tensor(EDGE_W)}
-
-    def fresh(kind, w):
-        return (TorchextASGD([w], lr=0.05, t0=2) if kind == "asgd"
-                else torch.optim.SGD([w], lr=0.05))
-
-    for kind in ("asgd", "sgd"):
-        # The top scale: 2**127, max_norm 0.1 (scale / coef overflows float32).
-        w = torch.tensor([[1.0, 1.0, 1.0]], requires_grad=True)
-        opt = fresh(kind, w)
-        scaler = GradScaler(init_scale=2.0 ** 127, growth_interval=10 ** 6)
-        norms = []
-        for _ in range(4):
-            opt.zero_grad()
-            scaler.scale((w ** 2).sum() * 0.5).backward()
-            norms.append(scaler.clip_grad_norm_(opt, 0.1))
-            scaler.step(opt)
-            scaler.update()
-        ref[f"top_{kind}/w"] = w.detach().clone()
-        ref[f"top_{kind}/norms"] = torch.stack(norms)
-        # Second clips compose (through the scaler).
-        w = torch.tensor(EDGE_W, requires_grad=True)
-        opt = fresh(kind, w)
-        scaler = GradScaler(init_scale=1024.0)
-        scaler.scale(_edge_loss(w, 1)).backward()
-        norms = [scaler.clip_grad_norm_(opt, b) for b in (0.5, 0.05, 1.0)]
-        scaler.step(opt)
-        scaler.update()
-        ref[f"twice_scaler_{kind}/w"] = w.detach().clone()
-        ref[f"twice_scaler_{kind}/norms"] = torch.stack(norms)
-        # A step that raises, then a retry.
-        w = torch.tensor(EDGE_W, requires_grad=True)
-        opt = fresh(kind, w)
-        opt.register_step_pre_hook(_RaiseOnce())
-        scaler = GradScaler(init_scale=1024.0)
-        scaler.scale(_edge_loss(w, 2)).backward()
-        scaler.clip_grad_norm_(opt, 0.05)
-        try:
-            scaler.step(opt)
-        except RuntimeError:
-            pass
-        scaler.step(opt)
-        scaler.update()
-        ref[f"retry_{kind}/w"] = w.detach().clone()
-        # The scaler saved and loaded back between clip and step.
-        w = torch.tensor(EDGE_W, requires_grad=True)
-        opt = fresh(kind, w)
-        scaler = GradScaler(init_scale=1024.0)
-        scaler.scale(_edge_loss(w, 3)).backward()
-        scaler.clip_grad_norm_(opt, 0.05)
-        scaler.load_state_dict(scaler.state_dict())
-        scaler.step(opt)
-        scaler.update()
-        ref[f"roundtrip_{kind}/w"] = w.detach().clone()
-    # ASGD without a scaler: an abandoned clip, a rebuilt optimizer, second clips.
-    w = torch.tensor(EDGE_W, requires_grad=True)
-    opt = fresh("asgd", w)
-    _edge_loss(w, 4).backward()
-    opt.clip_grad_norm_(0.01)  # ... and the loop skips this batch
-    opt.zero_grad()
-    _edge_loss(w, 5).backward()
-    opt.step()
-    ref["abandoned/w"] = w.detach().clone()
-    w = torch.tensor(EDGE_W, requires_grad=True)
-    opt = fresh("asgd", w)
-    _edge_loss(w, 6).backward()
-    opt.clip_grad_norm_(0.01)
-    sd = opt.state_dict()  # applies the pending clip to the grads
-    opt = fresh("asgd", w)
-    opt.load_state_dict(sd)
-    opt.step()
-    ref["rebuilt/w"] = w.detach().clone()
-    w = torch.tensor(EDGE_W, requires_grad=True)
-    opt = fresh("asgd", w)
-    _edge_loss(w, 7).backward()
-    norms = [opt.clip_grad_norm_(b) for b in (0.5, 0.05, 1.0)]
-    opt.step()
-    ref["twice_asgd/w"] = w.detach().clone()
-    ref["twice_asgd/norms"] = torch.stack(norms)
-    torch.save(ref, os.path.join(out, "clip_edges_ref.pt"))
 
 
 # ---- the unfused step and state creation, Python vs C++ ---------------------
@@ -903,7 +811,6 @@ def main(argv):
     scaler_reference(out)
     amp_protocol_reference(out)
     clip_reference(out)
-    clip_edges_reference(out)
     unfused_reference(out)
     split_reference(out)
     update_scale_reference(out)

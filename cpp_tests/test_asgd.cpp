@@ -349,37 +349,85 @@ TEST(ASGD, StepWithAmpUnscalesAndSkipsOnDevice) {
 }
 
 // ASGD::clip_grad_norm_ against LibTorch's torch::nn::utils::clip_grad_norm_
-// then step(): the same norm and parameters (fp32 rounding: LibTorch sums the
-// norms in another order, and the fold multiplies by 1 / (1 / coef)); the
-// grads left as they are; the coefficient used by one step only, by the
-// fused and the unfused step alike.
-TEST(ASGD, ClipGradNormIsFoldedIntoTheNextStepOnly) {
+// then step(): applied when called (Note [Clip: applied when called, folded
+// only inside one call]), so the grads are LibTorch's clipped grads (within
+// fp32 rounding: LibTorch sums the norms in another order), and so are the
+// parameters after each step; steps without a clip use no coefficient.
+TEST(ASGD, ClipGradNormClipsWhenCalled) {
   for (const bool fused : {true, false}) {
     SCOPED_TRACE(fused ? "fused" : "fused=false");
     Problem a(1), b(1);
-    ASGD folded(a.groups()), reference(b.groups());
-    for (auto* opt : {&folded, &reference}) {
+    ASGD ours(a.groups()), reference(b.groups());
+    for (auto* opt : {&ours, &reference}) {
       for (auto& g : opt->param_groups()) static_cast<ASGDOptions&>(g.options()).fused(fused);
     }
     for (int s = 0; s < 6; ++s) {
       a.set_grads(s);
       b.set_grads(s);
       if (s < 4) {  // clipping active (the max norm is below every total norm)
-        std::vector<torch::Tensor> grads;
-        for (const auto& p : a.params) grads.push_back(p.grad().clone());
-        const auto norm = folded.clip_grad_norm_(0.5);
+        const auto norm = ours.clip_grad_norm_(0.5);
         const double want = torch::nn::utils::clip_grad_norm_(b.params, 0.5);
         ASSERT_GT(want, 0.5);
         EXPECT_NEAR(norm.item<double>(), want, 1e-6 * want);
-        for (size_t i = 0; i < grads.size(); ++i) {
-          EXPECT_TRUE(torch::equal(a.params[i].grad(), grads[i]));
+        for (size_t i = 0; i < a.params.size(); ++i) {
+          EXPECT_TRUE(close(a.params[i].grad(), b.params[i].grad(), 1e-6)) << i;
         }
       }
-      folded.step();  // steps 4 and 5: no clip, so no coefficient
+      ours.step();  // steps 4 and 5: no clip
       reference.step();
     }
     for (size_t i = 0; i < a.params.size(); ++i) {
       EXPECT_TRUE(close(a.params[i], b.params[i], 1e-6));
+    }
+  }
+}
+
+// ASGD::clip_and_step: the closure first (it computes the grads), then the
+// measure, then one step with the coefficient folded in, the grads left
+// unclipped; against LibTorch's recipe (closure, clip_grad_norm_, step) on
+// the same ASGD. Returns the total norm and the closure's loss.
+TEST(ASGD, ClipAndStepMatchesLibTorchsRecipe) {
+  for (const bool fused : {true, false}) {
+    SCOPED_TRACE(fused ? "fused" : "fused=false");
+    Problem a(2), b(2);
+    ASGD ours(a.groups()), reference(b.groups());
+    for (auto* opt : {&ours, &reference}) {
+      for (auto& g : opt->param_groups()) static_cast<ASGDOptions&>(g.options()).fused(fused);
+    }
+    for (int s = 0; s < 6; ++s) {
+      const double bound = s == 4 ? std::numeric_limits<double>::infinity() : 0.5;
+      int calls = 0;
+      std::vector<torch::Tensor> grads;
+      const auto result = ours.clip_and_step(bound, 2.0, false, [&] {
+        ++calls;
+        a.set_grads(s);
+        for (const auto& p : a.params) grads.push_back(p.grad().clone());
+        return torch::full({}, static_cast<double>(s));
+      });
+      EXPECT_EQ(calls, 1);
+      ASSERT_TRUE(result.result.defined());
+      EXPECT_EQ(result.result.item<double>(), s);  // the closure's loss
+      for (size_t i = 0; i < grads.size(); ++i) {
+        EXPECT_TRUE(torch::equal(a.params[i].grad(), grads[i]));  // left as they were
+      }
+      b.set_grads(s);
+      const double want = torch::nn::utils::clip_grad_norm_(b.params, bound);
+      if (s != 4) ASSERT_GT(want, 0.5);
+      EXPECT_NEAR(result.total_norm.item<double>(), want, 1e-6 * want);
+      reference.step();
+      for (size_t i = 0; i < a.params.size(); ++i) {
+        EXPECT_TRUE(close(a.params[i], b.params[i], 1e-6)) << "step " << s << ", param " << i;
+      }
+    }
+    // No closure: the loss is undefined; error_if_nonfinite refuses before
+    // the step, changing nothing.
+    a.set_grads(7);
+    EXPECT_FALSE(ours.clip_and_step(0.5).result.defined());
+    a.params[0].mutable_grad()[0][0] = std::numeric_limits<float>::infinity();
+    const auto before = clones(a.params);
+    EXPECT_THROW_MSG(ours.clip_and_step(0.5, 2.0, true), "non-finite");
+    for (size_t i = 0; i < a.params.size(); ++i) {
+      EXPECT_TRUE(torch::equal(a.params[i], before[i]));
     }
   }
 }

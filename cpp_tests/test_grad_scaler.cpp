@@ -495,7 +495,9 @@ TEST(GradScalerBadInput, RefusedFusedStepKeepsTheRecords) {
   EXPECT_FALSE(torch::equal(p, torch::ones({2})));
 }
 
-// ---- the fused clip: GradScaler::clip_grad_norm_, ASGD::clip_grad_norm_ -----
+// ---- the clip: GradScaler::clip_grad_norm_, clip_and_step ------------------
+// See Note [Clip: applied when called, folded only inside one call]
+// (csrc/api/clip_grad.h).
 
 namespace {
 
@@ -519,28 +521,117 @@ torch::Tensor clip_model_loss(const std::vector<torch::Tensor>& p, const torch::
 struct ClipVariant {
   std::string name, opt, scaler;  // opt: asgd, asgd_capturable, sgd; scaler: on, off, none
   bool unscale_first;
+  bool one_call;  // clip_and_step instead of clip_grad_norm_ then step
+};
+
+// LibTorch's own recipe for a scaler's clip, the reference of the tests
+// below: each gradient unscaled as torch's unscale_ stores it
+// (grad.mul_(inv), inv = the float32 reciprocal of the scale computed in
+// double), the inf check, then torch::nn::utils::clip_grad_norm_ over all the
+// parameters. Returns whether a gradient was inf/NaN (the step is skipped).
+bool torch_recipe_clip(const std::vector<torch::Tensor>& params, const torch::Tensor& scale,
+                       double max_norm, const std::vector<bool>& unscale = {}) {
+  torch::NoGradGuard no_grad;
+  const auto inv = scale.to(torch::kDouble).reciprocal().to(torch::kFloat);
+  bool found = false;
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto g = params[i].grad();
+    if (!g.defined()) continue;
+    if (unscale.empty() || unscale[i]) g.mul_(inv);
+    found = found || !g.isfinite().all().item<bool>();
+  }
+  torch::nn::utils::clip_grad_norm_(params, max_norm);
+  return found;
+}
+
+// A 2x3 weight and a bias; loss mean(linear(x (1 + k), w, b)^2) / 2 in
+// float32, whatever the parameters' dtype.
+torch::Tensor small_loss(const std::vector<torch::Tensor>& p, int k) {
+  const auto x = torch::tensor({{1.0, 2.0, -1.0}, {0.5, -2.0, 3.0}, {-1.5, 1.0, 0.5},
+                                {2.0, 0.0, -0.5}}, torch::kFloat) * (1.0 + k);
+  return torch::linear(x, p[0].to(torch::kFloat), p[1].to(torch::kFloat)).pow(2).mean() * 0.5;
+}
+
+std::vector<torch::Tensor> small_params(torch::ScalarType dtype = torch::kFloat) {
+  return {torch::tensor({{0.5, -1.0, 2.0}, {1.5, 0.25, -0.75}}).to(dtype).requires_grad_(),
+          torch::tensor({0.1, -0.2}).to(dtype).requires_grad_()};
+}
+
+std::unique_ptr<torch::optim::Optimizer> small_optimizer(const std::string& kind,
+                                                         const std::vector<torch::Tensor>& p) {
+  if (kind == "asgd") {
+    return std::make_unique<torchext::optim::ASGD>(p, torchext::optim::ASGDOptions(0.05).t0(2));
+  }
+  return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.05).momentum(0.9));
+}
+
+// unscale_() refuses once the record is kUnscaled (or kStepped).
+bool record_is_unscaled(GradScaler& scaler, torch::optim::Optimizer& opt) {
+  try {
+    scaler.unscale_(opt);
+  } catch (const c10::Error& e) {
+    return std::string(e.what_without_backtrace()).find("already been called") !=
+           std::string::npos;
+  }
+  return false;
+}
+
+// LibTorch's SGD whose next step throws once, before it writes anything;
+// torchext's ASGD whose next fused step does.
+struct ThrowingSGD : torch::optim::SGD {
+  using SGD::SGD;
+  bool armed = true;
+  torch::Tensor step(LossClosure closure = nullptr) override {
+    if (armed) {
+      armed = false;
+      TORCH_CHECK(false, "injected");
+    }
+    return SGD::step(closure);
+  }
+};
+struct ThrowingASGD : torchext::optim::ASGD {
+  using ASGD::ASGD;
+  bool armed = true;
+  torch::Tensor step_with_amp(const torch::Tensor& g, const torch::Tensor& f,
+                              const torch::Tensor& c) override {
+    if (armed) {
+      armed = false;
+      TORCH_CHECK(false, "injected");
+    }
+    return ASGD::step_with_amp(g, f, c);
+  }
 };
 
 }  // namespace
 
-// C++ against Python's torchext (make_reference.py clip_reference): the
-// scaler's fused clip with torchext's ASGD (folded into its fused step) and
-// with LibTorch's SGD (unscaled and clipped in one pass), after unscale_,
-// with a disabled scaler, and ASGD::clip_grad_norm_ alone; through an inf and
-// a NaN step with clipping active. Every norm, scale, skip and parameter
-// bit for bit.
+// C++ against Python's torchext (make_reference.py clip_reference), the same
+// calls: the scaler's clip with torchext's ASGD and with LibTorch's SGD, as
+// two calls (clip_grad_norm_ then step) and as one (clip_and_step), after
+// unscale_, with a disabled scaler, and ASGD's own clip without a scaler;
+// through an inf and a NaN step with clipping active. Every norm, scale,
+// skip and parameter bit for bit.
 TEST(GradScaler, ClipMatchesPython) {
   const auto ref = load_ref("clip_ref.pt");
   const auto x = R(ref, "x"), y = R(ref, "y");
   const int64_t steps = R(ref, "steps").item<int64_t>();
   const double max_norm = R(ref, "max_norm").item<double>();
-  const std::vector<ClipVariant> variants = {
-      {"asgd", "asgd", "on", false},          {"asgd_capturable", "asgd_capturable", "on", false},
-      {"asgd_unscale_first", "asgd", "on", true}, {"asgd_inf_norm", "asgd", "on", false},
-      {"sgd", "sgd", "on", false},            {"sgd_unscale_first", "sgd", "on", true},
-      {"asgd_disabled", "asgd", "off", false}, {"sgd_disabled", "sgd", "off", false},
-      {"asgd_no_scaler", "asgd", "none", false},
-  };
+  std::vector<ClipVariant> variants;
+  for (const bool one_call : {false, true}) {
+    const std::string suffix = one_call ? "_one_call" : "";
+    for (const auto& v : std::vector<ClipVariant>{
+             {"asgd", "asgd", "on", false, one_call},
+             {"asgd_capturable", "asgd_capturable", "on", false, one_call},
+             {"asgd_unscale_first", "asgd", "on", true, one_call},
+             {"asgd_inf_norm", "asgd", "on", false, one_call},
+             {"sgd", "sgd", "on", false, one_call},
+             {"sgd_unscale_first", "sgd", "on", true, one_call},
+             {"asgd_disabled", "asgd", "off", false, one_call},
+             {"sgd_disabled", "sgd", "off", false, one_call},
+             {"asgd_no_scaler", "asgd", "none", false, one_call}}) {
+      variants.push_back(v);
+      variants.back().name += suffix;
+    }
+  }
   for (const auto& v : variants) {
     SCOPED_TRACE(v.name);
     const std::string pre = v.name + "/";
@@ -570,8 +661,12 @@ TEST(GradScaler, ClipMatchesPython) {
       const auto loss = clip_model_loss(params, x, y);
       if (v.scaler == "none") {
         loss.backward();
-        norms.push_back(asgd->clip_grad_norm_(max_norm, norm_type));
-        opt->step();
+        if (v.one_call) {
+          norms.push_back(asgd->clip_and_step(max_norm, norm_type).total_norm);
+        } else {
+          norms.push_back(asgd->clip_grad_norm_(max_norm, norm_type));
+          opt->step();
+        }
         continue;
       }
       scaler.scale(loss).backward();
@@ -580,8 +675,12 @@ TEST(GradScaler, ClipMatchesPython) {
         params[0].grad().view(-1)[1] = R(ref, bad).item<float>();
       }
       if (v.unscale_first) scaler.unscale_(*opt);
-      norms.push_back(scaler.clip_grad_norm_(*opt, max_norm, norm_type));
-      scaler.step(*opt);
+      if (v.one_call) {
+        norms.push_back(scaler.clip_and_step(*opt, max_norm, norm_type).total_norm);
+      } else {
+        norms.push_back(scaler.clip_grad_norm_(*opt, max_norm, norm_type));
+        scaler.step(*opt);
+      }
       scaler.update();
       scales.push_back(scaler.get_scale());
     }
@@ -596,42 +695,354 @@ TEST(GradScaler, ClipMatchesPython) {
   }
 }
 
-// What the scaler's fused clip leaves: the grads untouched (still scaled)
-// with torchext's ASGD; unscaled and clipped with another optimizer, as
-// torch's recipe leaves them; and the norm stays on the device (0-d, the
-// grads' dtype) with nothing read on the host until step().
+// What the grads hold: after the two-call clip, unscaled and clipped for
+// every optimizer (written when called); after clip_and_step, still scaled
+// and unclipped with torchext's ASGD (the coefficient went to its step),
+// unscaled and clipped with another optimizer. The norm stays on the device
+// (0-d, the grads' dtype).
 TEST(GradScaler, ClipLeavesTheGradsAsDocumented) {
-  for (const bool fused : {true, false}) {
-    SCOPED_TRACE(fused ? "ASGD" : "SGD");
-    auto w = torch::tensor({3.0f, 4.0f}).requires_grad_();
-    std::unique_ptr<torch::optim::Optimizer> opt;
-    if (fused) {
-      opt = std::make_unique<torchext::optim::ASGD>(std::vector<torch::Tensor>{w});
-    } else {
-      opt = std::make_unique<torch::optim::SGD>(std::vector<torch::Tensor>{w},
-                                                torch::optim::SGDOptions(0.0));
-    }
-    GradScaler scaler(GradScalerOptions().init_scale(8));
-    scaler.scale((w * w).sum() / 2).backward();  // grad = 8 * (3, 4): norm 40, unscaled 5
-    const auto total = scaler.clip_grad_norm_(*opt, 1.0);
-    EXPECT_EQ(total.dim(), 0);
-    EXPECT_EQ(total.scalar_type(), torch::kFloat);
-    EXPECT_EQ(total.item<float>(), 5.0f);
-    EXPECT_TRUE(torch::equal(w.grad(), torch::tensor({24.0f, 32.0f})));  // nothing written yet
-    scaler.step(*opt);
-    scaler.update();
-    if (fused) {
-      EXPECT_TRUE(torch::equal(w.grad(), torch::tensor({24.0f, 32.0f})));
-    } else {  // (3, 4) * 1 / (5 + 1e-6)
-      EXPECT_TRUE(close(w.grad(), torch::tensor({0.6f, 0.8f}), 1e-6));
+  for (const bool one_call : {false, true}) {
+    for (const bool fused : {true, false}) {
+      SCOPED_TRACE(std::string(fused ? "ASGD" : "SGD") + (one_call ? ", one call" : ""));
+      auto w = torch::tensor({3.0f, 4.0f}).requires_grad_();
+      std::unique_ptr<torch::optim::Optimizer> opt;
+      if (fused) {
+        opt = std::make_unique<torchext::optim::ASGD>(std::vector<torch::Tensor>{w});
+      } else {
+        opt = std::make_unique<torch::optim::SGD>(std::vector<torch::Tensor>{w},
+                                                  torch::optim::SGDOptions(0.0));
+      }
+      GradScaler scaler(GradScalerOptions().init_scale(8));
+      scaler.scale((w * w).sum() / 2).backward();  // grad = 8 * (3, 4): norm 40, unscaled 5
+      const auto total = one_call ? scaler.clip_and_step(*opt, 1.0).total_norm
+                                  : scaler.clip_grad_norm_(*opt, 1.0);
+      EXPECT_EQ(total.dim(), 0);
+      EXPECT_EQ(total.scalar_type(), torch::kFloat);
+      EXPECT_EQ(total.item<float>(), 5.0f);
+      if (one_call && fused) {
+        EXPECT_TRUE(torch::equal(w.grad(), torch::tensor({24.0f, 32.0f})));
+      } else {  // (3, 4) * 1 / (5 + 1e-6)
+        EXPECT_TRUE(close(w.grad(), torch::tensor({0.6f, 0.8f}), 1e-6));
+      }
+      if (!one_call) scaler.step(*opt);
+      EXPECT_THROW_MSG(scaler.step(*opt), "already been called");  // kStepped
+      scaler.update();
     }
   }
 }
 
-// Misuse and bad input: the clip refuses bad gradients before it records
-// anything, so the iteration goes on (update() then still finds no inf check
-// recorded); a non-finite norm refused by error_if_nonfinite is refused as by
-// torch's recipe, after its unscale_ (the inf check stands).
+// The two-call clip against LibTorch's recipe (unscale_, clip_grad_norm_):
+// the grads it leaves (within 1e-6: the norms are summed in double in
+// another order) and torch's record, kUnscaled with the inf check: unscale_
+// refuses, and an overflow is skipped by step() and backs off update().
+TEST(GradScaler, TwoCallClipLeavesTorchsRecipe) {
+  for (const bool overflow : {false, true}) {
+    SCOPED_TRACE(overflow ? "overflow" : "finite");
+    auto ours = small_params(), theirs = small_params();
+    auto opt = small_optimizer("sgd", ours);
+    GradScaler scaler(GradScalerOptions().init_scale(1024));
+    scaler.scale(small_loss(ours, 1)).backward();
+    const auto scale = scaler.scale_tensor().clone();
+    (small_loss(theirs, 1) * scale).backward();
+    if (overflow) {
+      ours[0].grad()[0][1] = std::numeric_limits<float>::infinity();
+      theirs[0].grad()[0][1] = std::numeric_limits<float>::infinity();
+    }
+    const auto total = scaler.clip_grad_norm_(*opt, 0.05);
+    EXPECT_EQ(torch_recipe_clip(theirs, scale, 0.05), overflow);
+    EXPECT_EQ(total.isfinite().item<bool>(), !overflow);
+    for (size_t i = 0; i < ours.size(); ++i) {
+      if (!overflow) {
+        EXPECT_TRUE(close(ours[i].grad(), theirs[i].grad(), 1e-6)) << i;
+      } else {  // both NaN where the coefficient is NaN or 0 * inf
+        EXPECT_EQ(ours[i].grad().isfinite().all().item<bool>(),
+                  theirs[i].grad().isfinite().all().item<bool>());
+      }
+    }
+    EXPECT_TRUE(record_is_unscaled(scaler, *opt));
+    const auto before = ours[0].detach().clone();
+    EXPECT_EQ(scaler.step(*opt).defined(), false);  // SGD's step returns nothing either way
+    EXPECT_EQ(torch::equal(ours[0], before), overflow);
+    scaler.update();
+    EXPECT_EQ(scaler.get_scale(), overflow ? 512.0 : 1024.0);
+    EXPECT_EQ(scaler.num_skipped_steps(), overflow ? 1 : 0);
+  }
+}
+
+// After the two-call clip nothing waits: code that replaces or edits the
+// grads before step() is stepped with what they hold, as in torch's recipe
+// doing the same edit (torchext's ASGD and LibTorch's SGD).
+TEST(GradScaler, EditsBetweenTheTwoCallClipAndStepAreStepped) {
+  for (const std::string kind : {"asgd", "sgd"}) {
+    SCOPED_TRACE(kind);
+    auto ours = small_params(), theirs = small_params();
+    auto opt = small_optimizer(kind, ours), ref = small_optimizer(kind, theirs);
+    GradScaler scaler(GradScalerOptions().init_scale(1024).growth_interval(2));
+    for (int s = 0; s < 4; ++s) {
+      opt->zero_grad();
+      ref->zero_grad();
+      scaler.scale(small_loss(ours, s)).backward();
+      const auto scale = scaler.scale_tensor().clone();
+      (small_loss(theirs, s) * scale).backward();
+      scaler.clip_grad_norm_(*opt, 0.05);
+      torch_recipe_clip(theirs, scale, 0.05);
+      for (auto* ps : {&ours, &theirs}) {
+        torch::NoGradGuard no_grad;
+        (*ps)[0].grad().mul_(0.5 + s);                           // an edit in place
+        (*ps)[1].mutable_grad() = (*ps)[1].grad() * 2.0 - 0.01;  // a replacement
+      }
+      scaler.step(*opt);
+      ref->step();
+      scaler.update();
+    }
+    for (size_t i = 0; i < ours.size(); ++i) {
+      EXPECT_TRUE(close(ours[i], theirs[i], 1e-6)) << i;
+    }
+  }
+}
+
+// clip_and_step against the two-call clip and LibTorch's recipe over several
+// steps with an overflow, at a small and at the top scale (2^127, where
+// scale / coef overflows float32: the fused step takes two factors), for
+// fp32 and bf16 parameters (grads): the scales and skips equal, the params
+// within float rounding (the two-call clip rounds the grads to their dtype
+// after each factor, the fused step does not).
+TEST(GradScaler, ClipAndStepMatchesTheTwoCallClipAndTorchsRecipe) {
+  for (const std::string kind : {"asgd", "sgd"}) {
+    for (const double init : {1024.0, std::ldexp(1.0, 127)}) {
+      for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+        SCOPED_TRACE(kind + ", scale " + std::to_string(init) +
+                     (dtype == torch::kFloat ? ", fp32" : ", bf16"));
+        auto one = small_params(dtype), two = small_params(dtype), theirs = small_params(dtype);
+        auto opt1 = small_optimizer(kind, one), opt2 = small_optimizer(kind, two),
+             ref = small_optimizer(kind, theirs);
+        const auto options = GradScalerOptions().init_scale(init).growth_interval(2);
+        GradScaler s1(options), s2(options);
+        // At the top scale the grads (and the bound) are made small enough
+        // that scaled they stay finite; the coefficient then is ~5e-3, and
+        // scale / coef would overflow float32.
+        // (bf16: a bound that moves the parameters by more than bf16's
+        // resolution.)
+        const double mult = init > 1e30 ? 1e-2 : 1.0;
+        const double bound = dtype == torch::kFloat ? 0.05 * mult : (mult < 1 ? 0.5 : 2.0);
+        int64_t skipped = 0, clipped = 0;
+        for (int s = 0; s < 6; ++s) {
+          for (auto* o : {opt1.get(), opt2.get(), ref.get()}) o->zero_grad();
+          s1.scale(small_loss(one, s) * mult).backward();
+          s2.scale(small_loss(two, s) * mult).backward();
+          const auto scale = s1.scale_tensor().clone();
+          ASSERT_TRUE(torch::equal(scale, s2.scale_tensor()));
+          (small_loss(theirs, s) * mult * scale).backward();
+          if (s == 2) {
+            for (auto* ps : {&one, &two, &theirs}) {
+              (*ps)[0].grad()[1][2] = std::numeric_limits<float>::infinity();
+            }
+          }
+          const auto n1 = s1.clip_and_step(*opt1, bound).total_norm;
+          const auto n2 = s2.clip_grad_norm_(*opt2, bound);
+          s2.step(*opt2);
+          if (!torch_recipe_clip(theirs, scale, bound)) {
+            ref->step();
+          } else {
+            ++skipped;
+          }
+          EXPECT_TRUE(same_bits(n1, n2)) << "step " << s;
+          if (n1.isfinite().item<bool>() && n1.item<double>() > bound) ++clipped;
+          s1.update();
+          s2.update();
+        }
+        EXPECT_EQ(s1.get_scale(), s2.get_scale());
+        EXPECT_EQ(s1.num_skipped_steps(), skipped);
+        EXPECT_EQ(s2.num_skipped_steps(), skipped);
+        EXPECT_GE(skipped, 1);
+        EXPECT_GE(clipped, 2);                      // clipping active
+        EXPECT_GE(s1.get_scale(), init / 64);       // (near) the scale asked for
+        const double rtol = dtype == torch::kFloat ? 1e-6 : 1e-2;
+        for (size_t i = 0; i < one.size(); ++i) {
+          EXPECT_TRUE(close(two[i], theirs[i], rtol)) << "two calls, param " << i;
+          EXPECT_TRUE(close(one[i], theirs[i], rtol)) << "one call, param " << i;
+          if (kind == "sgd") EXPECT_TRUE(torch::equal(one[i], two[i])) << i;  // the same pass
+        }
+        const auto p0 = small_params(dtype);  // it trains
+        EXPECT_FALSE(torch::equal(one[0], p0[0]) && torch::equal(one[1], p0[1]));
+      }
+    }
+  }
+}
+
+// clip_and_step after unscale_() (or after a two-call clip): the grads are
+// measured as they are and never unscaled twice, as torch's recipe (unscale_,
+// clip, clip again, step).
+TEST(GradScaler, ClipAndStepAfterUnscaleNeverUnscalesTwice) {
+  for (const std::string kind : {"asgd", "sgd"}) {
+    for (const bool first_clip : {false, true}) {
+      SCOPED_TRACE(kind + (first_clip ? ", after a clip" : ", after unscale_"));
+      auto ours = small_params(), theirs = small_params();
+      auto opt = small_optimizer(kind, ours), ref = small_optimizer(kind, theirs);
+      GradScaler scaler(GradScalerOptions().init_scale(1024));
+      scaler.scale(small_loss(ours, 1)).backward();
+      const auto scale = scaler.scale_tensor().clone();
+      (small_loss(theirs, 1) * scale).backward();
+      if (first_clip) {
+        scaler.clip_grad_norm_(*opt, 0.5);
+        torch_recipe_clip(theirs, scale, 0.5);
+      } else {
+        scaler.unscale_(*opt);
+        torch_recipe_clip(theirs, scale, std::numeric_limits<double>::infinity());
+      }
+      scaler.clip_and_step(*opt, 0.05);
+      torch::nn::utils::clip_grad_norm_(theirs, 0.05);
+      ref->step();
+      for (size_t i = 0; i < ours.size(); ++i) {
+        EXPECT_TRUE(close(ours[i], theirs[i], 1e-6)) << i;
+      }
+      EXPECT_THROW_MSG(scaler.clip_and_step(*opt, 0.05), "already been called");
+    }
+  }
+}
+
+// error_if_nonfinite with a non-finite norm leaves what torch's recipe
+// leaves: the grads unscaled (not clipped), the record kUnscaled with the inf
+// check (so step() skips and update() backs off), then the error; the same
+// from clip_and_step, which does not step.
+TEST(GradScaler, ErrorIfNonfiniteLeavesTorchsRecipesState) {
+  for (const bool one_call : {false, true}) {
+    for (const std::string kind : {"asgd", "sgd"}) {
+      SCOPED_TRACE(kind + (one_call ? ", one call" : ", two calls"));
+      auto ours = small_params();
+      auto opt = small_optimizer(kind, ours);
+      GradScaler scaler(GradScalerOptions().init_scale(1024));
+      scaler.scale(small_loss(ours, 1)).backward();
+      ours[0].grad()[0][0] = std::numeric_limits<float>::infinity();
+      std::vector<torch::Tensor> want;
+      for (const auto& p : ours) {
+        want.push_back(p.grad() * scaler.scale_tensor().to(torch::kDouble).reciprocal().to(
+                                      torch::kFloat));
+      }
+      const auto p0 = ours[1].detach().clone();
+      if (one_call) {
+        EXPECT_THROW_MSG(scaler.clip_and_step(*opt, 0.05, 2.0, true), "non-finite");
+      } else {
+        EXPECT_THROW_MSG(scaler.clip_grad_norm_(*opt, 0.05, 2.0, true), "non-finite");
+      }
+      for (size_t i = 0; i < ours.size(); ++i) {
+        EXPECT_TRUE(torch::equal(ours[i].grad(), want[i])) << i;
+      }
+      EXPECT_TRUE(torch::equal(ours[1], p0));  // not stepped
+      EXPECT_TRUE(record_is_unscaled(scaler, *opt));
+      EXPECT_FALSE(scaler.step(*opt).defined());  // skipped: the inf check stands
+      EXPECT_TRUE(torch::equal(ours[1], p0));
+      scaler.update();
+      EXPECT_EQ(scaler.get_scale(), 512.0);
+      EXPECT_EQ(scaler.num_skipped_steps(), 1);
+    }
+  }
+}
+
+// A plain optimizer whose step throws inside clip_and_step: its grads stay
+// unscaled and clipped, the record kUnscaled, so scaler.step() retries
+// without clipping twice (torch's recipe clipping once). A fused step that
+// throws wrote nothing and leaves the record as it was: clip_and_step again
+// goes through, as torch's recipe.
+TEST(GradScaler, ClipAndStepWhoseStepThrowsIsRetried) {
+  for (const std::string kind : {"asgd", "sgd"}) {
+    SCOPED_TRACE(kind);
+    auto ours = small_params(), theirs = small_params();
+    std::unique_ptr<torch::optim::Optimizer> opt;
+    if (kind == "sgd") {
+      opt = std::make_unique<ThrowingSGD>(ours, torch::optim::SGDOptions(0.05).momentum(0.9));
+    } else {
+      opt = std::make_unique<ThrowingASGD>(ours, torchext::optim::ASGDOptions(0.05).t0(2));
+    }
+    auto ref = small_optimizer(kind, theirs);
+    GradScaler scaler(GradScalerOptions().init_scale(1024));
+    scaler.scale(small_loss(ours, 2)).backward();
+    const auto scale = scaler.scale_tensor().clone();
+    (small_loss(theirs, 2) * scale).backward();
+    const auto scaled = ours[0].grad().clone();
+    EXPECT_THROW_MSG(scaler.clip_and_step(*opt, 0.05), "injected");
+    if (kind == "sgd") {
+      EXPECT_TRUE(record_is_unscaled(scaler, *opt));
+      scaler.step(*opt);
+    } else {
+      EXPECT_TRUE(torch::equal(ours[0].grad(), scaled));  // nothing written
+      scaler.clip_and_step(*opt, 0.05);
+    }
+    scaler.update();
+    EXPECT_FALSE(torch_recipe_clip(theirs, scale, 0.05));
+    ref->step();
+    for (size_t i = 0; i < ours.size(); ++i) {
+      EXPECT_TRUE(close(ours[i], theirs[i], 1e-6)) << i;
+    }
+  }
+}
+
+// One clip over two optimizers on one scaler (torch's recipe: unscale_ each,
+// one clip_grad_norm_ over all their parameters), one of them unscaled
+// already: one total norm, each optimizer's grads written, each record
+// kUnscaled; a bad gradient in the second refuses before the first is
+// written.
+TEST(GradScaler, JointClipOverTwoOptimizersIsTorchsRecipe) {
+  auto ours = small_params(), theirs = small_params();
+  torchext::optim::ASGD a({ours[0]}, torchext::optim::ASGDOptions(0.05).t0(2));
+  torch::optim::SGD b({ours[1]}, torch::optim::SGDOptions(0.05));
+  torchext::optim::ASGD ra({theirs[0]}, torchext::optim::ASGDOptions(0.05).t0(2));
+  torch::optim::SGD rb({theirs[1]}, torch::optim::SGDOptions(0.05));
+  GradScaler scaler(GradScalerOptions().init_scale(1024));
+  scaler.scale(small_loss(ours, 3)).backward();
+  const auto scale = scaler.scale_tensor().clone();
+  (small_loss(theirs, 3) * scale).backward();
+  const auto ga = ours[0].grad().clone();
+  auto bad = ours[1].grad();
+  ours[1].mutable_grad() = bad.to(torch::kInt);
+  EXPECT_THROW_MSG(scaler.clip_grad_norm_({&a, &b}, 0.05), "dtype");
+  EXPECT_TRUE(torch::equal(ours[0].grad(), ga));  // nothing written
+  ours[1].mutable_grad() = bad;
+  EXPECT_THROW_MSG(scaler.clip_grad_norm_({&a, &a}, 0.05), "listed twice");
+  scaler.unscale_(b);
+  const auto total = scaler.clip_grad_norm_({&a, &b}, 0.05);
+  EXPECT_FALSE(torch_recipe_clip(theirs, scale, 0.05));
+  for (size_t i = 0; i < ours.size(); ++i) {
+    EXPECT_TRUE(close(ours[i].grad(), theirs[i].grad(), 1e-6)) << i;
+  }
+  EXPECT_TRUE(record_is_unscaled(scaler, a));
+  EXPECT_TRUE(record_is_unscaled(scaler, b));
+  scaler.step(a);
+  scaler.step(b);
+  scaler.update();
+  ra.step();
+  rb.step();
+  for (size_t i = 0; i < ours.size(); ++i) EXPECT_TRUE(close(ours[i], theirs[i], 1e-6)) << i;
+  EXPECT_GT(total.item<double>(), 0.05);  // clipping was active
+}
+
+// clip_and_step returns what the optimizer's step returned (undefined when
+// skipped), and with a disabled scaler is the drop-in clip then step().
+TEST(GradScaler, ClipAndStepReturnsWhatTheStepReturned) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const bool enabled : {true, false}) {
+    SCOPED_TRACE(enabled ? "enabled" : "disabled");
+    auto w = torch::ones({2}).requires_grad_();
+    ReturningSGD opt({w}, torch::optim::SGDOptions(0.1));
+    GradScaler scaler(GradScalerOptions().init_scale(4).enabled(enabled));
+    std::vector<double> got;
+    for (float x : {1.0f, inf, 1.0f}) {
+      if (!enabled && x == inf) continue;
+      opt.zero_grad();
+      scaler.scale((w * x).sum()).backward();
+      const auto r = scaler.clip_and_step(opt, 0.5);
+      got.push_back(r.result.defined() ? r.result.item<double>() : -1.0);
+      scaler.update();
+    }
+    EXPECT_EQ(got, enabled ? (std::vector<double>{1.0, -1.0, 2.0})
+                           : (std::vector<double>{1.0, 2.0}));
+  }
+}
+
+// Misuse and bad input: the clip refuses bad gradients before it writes or
+// records anything, so the iteration goes on (update() then still finds no
+// inf check recorded); a non-finite norm refused by error_if_nonfinite is
+// refused as by torch's recipe, after its unscale_ (the inf check stands).
 TEST(GradScalerBadInput, ClipRefusesAndRecordsNothing) {
   auto p = torch::ones({3}).requires_grad_();
   auto q = torch::ones({2}).requires_grad_();
@@ -641,6 +1052,7 @@ TEST(GradScalerBadInput, ClipRefusesAndRecordsNothing) {
   torchext::optim::ASGD opt(groups);
   GradScaler scaler(GradScalerOptions().init_scale(8));
   EXPECT_THROW_MSG(scaler.clip_grad_norm_(opt, 1.0), "scale(loss or outputs)");
+  EXPECT_THROW_MSG(scaler.clip_and_step(opt, 1.0), "scale(loss or outputs)");
   scaler.scale((p.sum() + q.sum()) * 2).backward();
   const auto gp = p.grad().clone();
   // A bad gradient in the later group (all or nothing over groups).
@@ -653,204 +1065,28 @@ TEST(GradScalerBadInput, ClipRefusesAndRecordsNothing) {
     SCOPED_TRACE(msg);
     q.mutable_grad() = grad;
     EXPECT_THROW_MSG(scaler.clip_grad_norm_(opt, 1.0), msg);
+    EXPECT_THROW_MSG(scaler.clip_and_step(opt, 1.0), msg);
     EXPECT_TRUE(torch::equal(p.grad(), gp));
+    EXPECT_TRUE(opt.state().empty());
     EXPECT_THROW_MSG(scaler.update(), "no inf checks were recorded");
   }
   q.mutable_grad() = torch::full({2}, 16.0);
   p.grad()[0] = std::numeric_limits<float>::quiet_NaN();
   EXPECT_THROW_MSG(scaler.clip_grad_norm_(opt, 1.0, 2.0, true), "non-finite");
   EXPECT_THROW_MSG(scaler.unscale_(opt), "already been called");  // its unscale stands
-  // A second clip composes (the first's unscale applied, then measured again).
-  EXPECT_TRUE(scaler.clip_grad_norm_(opt, 1.0).isnan().item<bool>());  // as torch's recipe
+  // A second clip measures the grads as they are (unscaled, NaN), as torch's recipe.
+  EXPECT_TRUE(scaler.clip_grad_norm_(opt, 1.0).isnan().item<bool>());
   EXPECT_TRUE(scaler.step(opt).defined() == false);
   EXPECT_THROW_MSG(scaler.clip_grad_norm_(opt, 1.0), "after step");
+  EXPECT_THROW_MSG(scaler.clip_and_step(opt, 1.0), "already been called");
   scaler.update();
   EXPECT_EQ(scaler.num_skipped_steps(), 1);
   EXPECT_TRUE(opt.state().empty());  // the overflowed step was never taken
   EXPECT_EQ(scaler.get_scale(), 4.0);
 }
 
-namespace {
-
-// make_reference.py's edge scripts: a 2x3 weight, loss mean((x w^T)^2) / 2.
-torch::Tensor edge_loss(const torch::Tensor& w, const torch::Tensor& x0, int k) {
-  return torch::linear(x0 * (1.0 + k), w).pow(2).mean() * 0.5;
-}
-
-// torchext's ASGD and LibTorch's SGD whose next step throws once, before it
-// writes anything (Python: a step pre-hook that raises).
-struct ThrowingASGD : torchext::optim::ASGD {
-  using ASGD::ASGD;
-  bool armed = true;
-  torch::Tensor step_with_amp(const torch::Tensor& g, const torch::Tensor& f,
-                              const torch::Tensor& c) override {
-    if (armed) {
-      armed = false;
-      TORCH_CHECK(false, "injected");
-    }
-    return ASGD::step_with_amp(g, f, c);
-  }
-};
-struct ThrowingSGD : torch::optim::SGD {
-  using SGD::SGD;
-  bool armed = true;
-  torch::Tensor step(LossClosure closure = nullptr) override {
-    if (armed) {
-      armed = false;
-      TORCH_CHECK(false, "injected");
-    }
-    return SGD::step(closure);
-  }
-};
-
-std::unique_ptr<torch::optim::Optimizer> edge_optimizer(const std::string& kind,
-                                                        const torch::Tensor& w, bool throwing) {
-  const std::vector<torch::Tensor> ps{w};
-  const auto asgd_options = torchext::optim::ASGDOptions(0.05).t0(2);
-  if (kind == "asgd") {
-    if (throwing) return std::make_unique<ThrowingASGD>(ps, asgd_options);
-    return std::make_unique<torchext::optim::ASGD>(ps, asgd_options);
-  }
-  if (throwing) return std::make_unique<ThrowingSGD>(ps, torch::optim::SGDOptions(0.05));
-  return std::make_unique<torch::optim::SGD>(ps, torch::optim::SGDOptions(0.05));
-}
-
-}  // namespace
-
-// The pending clip's rules against Python's torchext (make_reference.py
-// clip_edges_reference), bit for bit: the top scale (2^127, where scale /
-// coef overflows float32), second clips composing, a step that throws then a
-// retry, the scaler saved and loaded between clip and step; without a scaler,
-// a clip abandoned by zero_grad, an optimizer rebuilt from a save between
-// clip and step, second clips.
-TEST(GradScaler, ClipEdgesMatchPython) {
-  const auto ref = load_ref("clip_edges_ref.pt");
-  const auto w0 = R(ref, "w");
-  const auto x0 = torch::tensor({{1.0, 2.0, -1.0}, {0.5, -2.0, 3.0}, {-1.5, 1.0, 0.5},
-                                 {2.0, 0.0, -0.5}}, torch::kFloat);
-  const auto fresh_w = [&] { return w0.clone().requires_grad_(); };
-  for (const std::string kind : {"asgd", "sgd"}) {
-    SCOPED_TRACE(kind);
-    {
-      auto w = torch::ones({1, 3}).requires_grad_();
-      auto opt = edge_optimizer(kind, w, false);
-      GradScaler scaler(GradScalerOptions().init_scale(std::ldexp(1.0, 127)).growth_interval(
-          1000000));
-      std::vector<torch::Tensor> norms;
-      for (int i = 0; i < 4; ++i) {
-        opt->zero_grad();
-        scaler.scale(w.pow(2).sum() * 0.5).backward();
-        norms.push_back(scaler.clip_grad_norm_(*opt, 0.1));
-        scaler.step(*opt);
-        scaler.update();
-      }
-      EXPECT_TRUE(same_bits(w.detach(), R(ref, "top_" + kind + "/w")));
-      EXPECT_TRUE(same_bits(torch::stack(norms), R(ref, "top_" + kind + "/norms")));
-      EXPECT_LT(w[0][0].item<float>(), 0.99f);  // it trains
-    }
-    {
-      auto w = fresh_w();
-      auto opt = edge_optimizer(kind, w, false);
-      GradScaler scaler(GradScalerOptions().init_scale(1024));
-      scaler.scale(edge_loss(w, x0, 1)).backward();
-      std::vector<torch::Tensor> norms;
-      for (const double bound : {0.5, 0.05, 1.0}) {
-        norms.push_back(scaler.clip_grad_norm_(*opt, bound));
-      }
-      scaler.step(*opt);
-      scaler.update();
-      EXPECT_TRUE(same_bits(w.detach(), R(ref, "twice_scaler_" + kind + "/w")));
-      EXPECT_TRUE(same_bits(torch::stack(norms), R(ref, "twice_scaler_" + kind + "/norms")));
-    }
-    {
-      auto w = fresh_w();
-      auto opt = edge_optimizer(kind, w, true);
-      GradScaler scaler(GradScalerOptions().init_scale(1024));
-      scaler.scale(edge_loss(w, x0, 2)).backward();
-      scaler.clip_grad_norm_(*opt, 0.05);
-      EXPECT_THROW_MSG(scaler.step(*opt), "injected");
-      scaler.step(*opt);
-      scaler.update();
-      EXPECT_TRUE(same_bits(w.detach(), R(ref, "retry_" + kind + "/w")));
-    }
-    {
-      auto w = fresh_w();
-      auto opt = edge_optimizer(kind, w, false);
-      GradScaler scaler(GradScalerOptions().init_scale(1024));
-      scaler.scale(edge_loss(w, x0, 3)).backward();
-      scaler.clip_grad_norm_(*opt, 0.05);
-      scaler.load_state_dict(scaler.state_dict());
-      scaler.step(*opt);
-      scaler.update();
-      EXPECT_TRUE(same_bits(w.detach(), R(ref, "roundtrip_" + kind + "/w")));
-    }
-  }
-  {
-    auto w = fresh_w();
-    torchext::optim::ASGD opt({w}, torchext::optim::ASGDOptions(0.05).t0(2));
-    edge_loss(w, x0, 4).backward();
-    opt.clip_grad_norm_(0.01);  // ... and the loop skips this batch
-    opt.zero_grad();
-    edge_loss(w, x0, 5).backward();
-    opt.step();
-    EXPECT_TRUE(same_bits(w.detach(), R(ref, "abandoned/w")));
-  }
-  {
-    auto w = fresh_w();
-    auto opt = std::make_unique<torchext::optim::ASGD>(
-        std::vector<torch::Tensor>{w}, torchext::optim::ASGDOptions(0.05).t0(2));
-    edge_loss(w, x0, 6).backward();
-    opt->clip_grad_norm_(0.01);
-    std::stringstream saved;
-    torch::save(*opt, saved);  // applies the pending clip to the grads
-    opt = std::make_unique<torchext::optim::ASGD>(std::vector<torch::Tensor>{w},
-                                                  torchext::optim::ASGDOptions(0.05).t0(2));
-    torch::load(*opt, saved);
-    opt->step();
-    EXPECT_TRUE(same_bits(w.detach(), R(ref, "rebuilt/w")));
-  }
-  {
-    auto w = fresh_w();
-    torchext::optim::ASGD opt({w}, torchext::optim::ASGDOptions(0.05).t0(2));
-    edge_loss(w, x0, 7).backward();
-    std::vector<torch::Tensor> norms;
-    for (const double bound : {0.5, 0.05, 1.0}) norms.push_back(opt.clip_grad_norm_(bound));
-    opt.step();
-    EXPECT_TRUE(same_bits(w.detach(), R(ref, "twice_asgd/w")));
-    EXPECT_TRUE(same_bits(torch::stack(norms), R(ref, "twice_asgd/norms")));
-  }
-}
-
-// Gradients written in place after the clip measured them: the step refuses
-// the pending clip and changes nothing; zero_grad() drops it. Replaced
-// gradients (set_to_none) drop it silently: it has nothing to apply to.
-TEST(GradScaler, ClipOfChangedGradientsAppliesToNothingOrIsRefused) {
-  auto w = torch::ones({3}).requires_grad_();
-  torchext::optim::ASGD opt({w}, torchext::optim::ASGDOptions(0.1).lambd(0));
-  w.mutable_grad() = torch::full({3}, 4.0);
-  opt.clip_grad_norm_(0.01);
-  w.mutable_grad().add_(1.0);  // a backward that accumulated
-  EXPECT_THROW_MSG(opt.step(), "written in place");
-  EXPECT_TRUE(torch::equal(w, torch::ones({3})));
-  opt.zero_grad();  // drops it
-  w.mutable_grad() = torch::full({3}, 4.0);
-  opt.step();  // unclipped: 1 - 0.1 * 4
-  EXPECT_TRUE(close(w, torch::full({3}, 0.6f), 1e-6));
-  opt.clip_grad_norm_(0.01);
-  w.mutable_grad() = torch::full({3}, 1.0);  // replaced: the clip applies to nothing
-  opt.step();
-  EXPECT_TRUE(close(w, torch::full({3}, 0.5f), 1e-6));
-  // Through a scaler: the same rule; update() drops the record.
-  GradScaler scaler(GradScalerOptions().init_scale(4));
-  scaler.scale(w.sum()).backward();
-  scaler.clip_grad_norm_(opt, 0.01);
-  w.mutable_grad().mul_(2.0);
-  EXPECT_THROW_MSG(scaler.step(opt), "written in place");
-  scaler.update();
-  EXPECT_EQ(scaler.get_scale(), 4.0);  // no overflow recorded: (growth interval not reached)
-}
-
-// fp16 gradients, Python's rule: refused by unscale_(), clip_grad_norm_() and
+// fp16 gradients, Python's rule: refused by unscale_(), clip_grad_norm_(),
+// clip_and_step() and
 // the step of an optimizer torch would unscale first (ASGD without
 // capturable), unless allow_fp16; stepped by one that skips on the device.
 TEST(GradScaler, Fp16GradientsFollowPythonsRule) {
@@ -863,6 +1099,7 @@ TEST(GradScaler, Fp16GradientsFollowPythonsRule) {
       scaler.scale(w.to(torch::kFloat).pow(2).sum()).backward();
       if (!allow) {
         EXPECT_THROW_MSG(scaler.clip_grad_norm_(opt, 1.0), "Attempting to unscale FP16");
+        EXPECT_THROW_MSG(scaler.clip_and_step(opt, 1.0), "Attempting to unscale FP16");
         EXPECT_THROW_MSG(scaler.unscale_(opt), "Attempting to unscale FP16");
       }
       if (allow || capturable) {

@@ -401,33 +401,28 @@ bool ASGD::amp_step_must_not_sync() const {
 }
 
 torch::Tensor ASGD::clip_grad_norm_(double max_norm, double norm_type, bool error_if_nonfinite) {
+  // See Note [Clip: applied when called, folded only inside one call]
+  // (csrc/api/clip_grad.h, also in torchext/_clip.py): the clip in place.
+  return api::clip_grad_norm_(api::params_of(*this), max_norm, norm_type, error_if_nonfinite);
+}
+
+ClipAndStep ASGD::clip_and_step(double max_norm, double norm_type, bool error_if_nonfinite,
+                                LossClosure closure) {
+  // See Note [Clip: applied when called, folded only inside one call]
+  // (csrc/api/clip_grad.h, also in torchext/_clip.py): no user code runs
+  // between the measure and the step, so the coefficient goes to the step.
+  torch::Tensor loss;
+  if (closure != nullptr) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
   at::NoGradGuard no_grad;
-  if (pending_clip_) {  // a second clip: the first applied to the gradients first
-    if (pending_clip_->valid()) pending_clip_->apply_(api::grads_of(*this), {});  // (throws when written)
-    pending_clip_.reset();
-  }
-  const auto grads = api::grads_of(*this);
-  if (grads.empty()) return at::zeros({});  // torch's clip of no gradients
-  const auto total = api::total_norm(api::norms_calls_by_device(grads), norm_type);
-  api::check_nonfinite(total, norm_type, error_if_nonfinite);
-  auto coef = api::clip_coef(total, max_norm);
-  if (coef.defined()) {
-    pending_clip_ = std::make_unique<api::PendingClip>(api::PendingClip{
-        this, std::move(coef), false, c10::make_intrusive<GradsSeen>(api::params_of(*this))});
-  }
-  return total;
-}
-
-void ASGD::zero_grad(bool set_to_none) {
-  pending_clip_.reset();
-  Optimizer::zero_grad(set_to_none);
-}
-
-void ASGD::apply_pending_clip() const {
-  if (!pending_clip_) return;
-  const auto status = pending_clip_->status();
-  if (status == GradsSeen::kSame) pending_clip_->apply_(api::grads_of(*this), {});
-  if (status != GradsSeen::kWritten) pending_clip_.reset();
+  const auto total =
+      api::measure(api::norms_calls_by_device(api::grads_of(*this)), norm_type).total;
+  if (api::refuses_nonfinite(total, error_if_nonfinite)) api::throw_nonfinite(norm_type);
+  const auto coef = api::as_factor(api::clip_coef(total, max_norm));
+  step_impl(nullptr, nullptr, coef.defined() ? &coef : nullptr);
+  return {total, loss};
 }
 
 void ASGD::check_not_averaged(const char* what) const {
@@ -437,25 +432,6 @@ void ASGD::check_not_averaged(const char* what) const {
 }
 
 void ASGD::step_impl(const torch::Tensor* grad_scale, const torch::Tensor* found_inf,
-                     const torch::Tensor* clip_coef) {
-  if (pending_clip_ && !pending_clip_->valid()) {  // (throws when written in place)
-    pending_clip_.reset();  // its gradients were replaced: it applies to nothing
-  }
-  if (!pending_clip_ || !pending_clip_->coef.defined()) {
-    step_groups(grad_scale, found_inf, clip_coef);
-    pending_clip_.reset();
-    return;
-  }
-  // This optimizer's own pending clip, a factor after the scaler's (a clip
-  // of scaled gradients and the scaler's clip: both apply), as Python's ASGD.step.
-  auto coef = pending_clip_->coef;
-  if (coef.scalar_type() != at::kDouble) coef = coef.to(at::kFloat);
-  if (clip_coef != nullptr) coef = *clip_coef * coef.to(clip_coef->device(), /*non_blocking=*/true);
-  step_groups(grad_scale, found_inf, &coef);
-  pending_clip_.reset();  // used once (a refused step throws before this)
-}
-
-void ASGD::step_groups(const torch::Tensor* grad_scale, const torch::Tensor* found_inf,
                        const torch::Tensor* clip_coef) {
   TORCH_CHECK(!averaged_in_, "ASGD.step: the parameters hold their averages (an "
               "AveragedParameters guard is alive); step after it goes out of scope");
@@ -587,7 +563,6 @@ void ASGD::step_groups(const torch::Tensor* grad_scale, const torch::Tensor* fou
 
 void ASGD::save(torch::serialize::OutputArchive& archive) const {
   check_not_averaged("ASGD.save");
-  apply_pending_clip();
   torch::optim::serialize<ASGDParamState, ASGDOptions>(archive, *this);
 }
 

@@ -21,8 +21,26 @@
 namespace torchext {
 namespace api {
 
-at::Tensor total_norm(const std::vector<NormsCall>& calls, double norm_type) {
-  TORCH_INTERNAL_ASSERT(!calls.empty());
+std::vector<NormsCall> norms_calls_by_device(const std::vector<at::Tensor>& tensors,
+                                             const at::Tensor& inv_scale) {
+  std::vector<NormsCall> calls;
+  for (const auto& [device, idx] : index_by_device(tensors)) {
+    NormsCall c{pick(tensors, idx), std::nullopt, std::nullopt};
+    if (inv_scale.defined()) {
+      c.inv_scale = inv_scale.to(device, /*non_blocking=*/true);
+      c.found_inf = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device));
+    }
+    calls.push_back(std::move(c));
+  }
+  return calls;
+}
+
+Measured measure(const std::vector<NormsCall>& calls, double norm_type) {
+  Measured m;
+  if (calls.empty()) {
+    m.total = at::zeros({});  // torch's tensor(0.)
+    return m;
+  }
   for (const auto& c : calls) {
     check_tensor_norms_args(c.tensors, norm_type, c.inv_scale, c.found_inf);
   }
@@ -31,9 +49,11 @@ at::Tensor total_norm(const std::vector<NormsCall>& calls, double norm_type) {
   for (const auto& c : calls) {
     norms.push_back(
         tensor_norms_op().call(c.tensors, norm_type, c.inv_scale, c.found_inf).to(device));
+    m.found_inf.push_back(c.found_inf.value_or(at::Tensor()));
   }
   // torch.linalg.vector_norm(torch.cat(norms), norm_type)
-  return at::linalg_vector_norm(at::cat(norms), norm_type);
+  m.total = at::linalg_vector_norm(at::cat(norms), norm_type);
+  return m;
 }
 
 void check_host_read(const at::Tensor& on, bool error_if_nonfinite) {
@@ -43,12 +63,15 @@ void check_host_read(const at::Tensor& on, bool error_if_nonfinite) {
               "norm then clips with a coefficient of 0 or NaN, as in torch)");
 }
 
-void check_nonfinite(const at::Tensor& total_norm, double norm_type, bool error_if_nonfinite) {
-  if (!error_if_nonfinite) return;
+bool refuses_nonfinite(const at::Tensor& total_norm, bool error_if_nonfinite) {
+  if (!error_if_nonfinite) return false;
   check_host_read(total_norm, error_if_nonfinite);
-  TORCH_CHECK(!at::logical_or(total_norm.isnan(), total_norm.isinf()).item<bool>(),
-              "The total norm of order ", norm_type, " for gradients from `parameters` is "
-              "non-finite, so it cannot be clipped. To disable this error and scale the "
+  return at::logical_or(total_norm.isnan(), total_norm.isinf()).item<bool>();
+}
+
+void throw_nonfinite(double norm_type) {
+  TORCH_CHECK(false, "The total norm of order ", norm_type, " for gradients from `parameters` "
+              "is non-finite, so it cannot be clipped. To disable this error and scale the "
               "gradients by the non-finite norm anyway, set `error_if_nonfinite=false`");
 }
 
@@ -59,33 +82,40 @@ at::Tensor clip_coef(const at::Tensor& total_norm, double max_norm) {
   return at::clamp((total_norm + 1e-6).reciprocal() * max_norm, std::nullopt, 1.0);
 }
 
-namespace {
-// What unscale_ takes as clip_coef: float32 or float64 (a bf16/fp16 total
-// norm's coefficient is exact in float32).
-at::Tensor as_factor(const at::Tensor& t, const c10::Device& device) {
-  const auto dt = t.scalar_type();
-  return t.to(device, dt == at::kDouble ? at::kDouble : at::kFloat, /*non_blocking=*/true);
+at::Tensor as_factor(const at::Tensor& coef) {
+  if (!coef.defined()) return coef;
+  const auto dt = coef.scalar_type();
+  return dt == at::kDouble || dt == at::kFloat ? coef : coef.to(at::kFloat);
 }
-}  // namespace
 
-void multiply_(const std::vector<at::Tensor>& tensors, const at::Tensor& inv_scale,
-               const at::Tensor& coef) {
-  if (tensors.empty() || (!inv_scale.defined() && !coef.defined())) return;
+void multiply_(const std::vector<Multiply>& parts, const at::Tensor& coef) {
   struct Pass {
     std::vector<at::Tensor> tensors;
     at::Tensor found_inf, inv_scale;  // found_inf: unscale_'s flag, read by nobody
     std::optional<at::Tensor> coef;
   };
   std::vector<Pass> passes;
-  for (const auto& [device, idx] : index_by_device(tensors)) {
-    Pass p{pick(tensors, idx), at::zeros({}, at::TensorOptions().device(device)), {}, {}};
-    p.inv_scale = inv_scale.defined() ? inv_scale.to(device, at::kFloat, /*non_blocking=*/true)
-                                      : at::ones({}, at::TensorOptions().device(device));
-    if (coef.defined()) p.coef = as_factor(coef, device);
-    check_unscale_args(p.tensors, p.found_inf, p.inv_scale, p.coef);
-    passes.push_back(std::move(p));
+  for (const auto& part : parts) {
+    if (part.tensors.empty() || (!part.inv_scale.defined() && !coef.defined())) continue;
+    for (const auto& [device, idx] : index_by_device(part.tensors)) {
+      Pass p{pick(part.tensors, idx), at::zeros({}, at::TensorOptions().device(device)), {}, {}};
+      p.inv_scale = part.inv_scale.defined()
+                        ? part.inv_scale.to(device, at::kFloat, /*non_blocking=*/true)
+                        : at::ones({}, at::TensorOptions().device(device));
+      if (coef.defined()) {
+        p.coef = as_factor(coef).to(device, /*non_blocking=*/true);
+      }
+      check_unscale_args(p.tensors, p.found_inf, p.inv_scale, p.coef);
+      passes.push_back(std::move(p));
+    }
   }
+  // All or nothing: every part and device checked above, before this first write.
   for (const auto& p : passes) unscale_op().call(p.tensors, p.found_inf, p.inv_scale, p.coef);
+}
+
+void multiply_(const std::vector<at::Tensor>& tensors, const at::Tensor& inv_scale,
+               const at::Tensor& coef) {
+  multiply_(std::vector<Multiply>{{tensors, inv_scale}}, coef);
 }
 
 std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params) {
@@ -119,53 +149,13 @@ void refuse_fp16(const std::vector<at::Tensor>& grads) {
   }
 }
 
-int64_t PendingClip::status() const {
-  return seen ? seen->changed() : GradsSeen::kSame;
-}
-
-bool PendingClip::valid() const {
-  const auto s = status();
-  TORCH_CHECK(s != GradsSeen::kWritten,
-              "a gradient clipped by clip_grad_norm_() was written in place since the clip "
-              "measured it (a backward that accumulated into it, zero_grad(false), or an edit), "
-              "so the pending clip cannot apply to it. Clip after the last write to the "
-              "gradients, or drop the pending clip first (optimizer.zero_grad(), or "
-              "scaler.update() with a GradScaler). Nothing was changed.");
-  return s == GradsSeen::kSame;
-}
-
-void PendingClip::apply_(const std::vector<at::Tensor>& grads, const at::Tensor& scale) const {
-  at::NoGradGuard no_grad;
-  // torch: inv_scale = scale.double().reciprocal().float()
-  const auto inv = scaled ? scale.to(at::kDouble).reciprocal().to(at::kFloat) : at::Tensor();
-  multiply_(grads, inv, coef);
-}
-
-Factors fold(const PendingClip* clip, const at::Tensor& scale) {
-  if (clip == nullptr) return {scale, {}};
-  Factors f{clip->scaled ? scale : at::Tensor(), {}};
-  if (clip->coef.defined()) {
-    const auto dt = clip->coef.scalar_type();
-    f.clip_coef = dt == at::kDouble || dt == at::kFloat ? clip->coef : clip->coef.to(at::kFloat);
-  }
-  return f;
-}
-
-std::vector<NormsCall> norms_calls_by_device(const std::vector<at::Tensor>& tensors) {
-  std::vector<NormsCall> calls;
-  for (const auto& [device, idx] : index_by_device(tensors)) {
-    calls.push_back({pick(tensors, idx), std::nullopt, std::nullopt});
-  }
-  return calls;
-}
-
 at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& params, double max_norm,
                            double norm_type, bool error_if_nonfinite) {
+  // See Note [Clip: applied when called, folded only inside one call].
   at::NoGradGuard no_grad;
   const auto grads = grads_of(params);
-  if (grads.empty()) return at::zeros({});  // torch's tensor(0.)
-  const auto total = total_norm(norms_calls_by_device(grads), norm_type);
-  check_nonfinite(total, norm_type, error_if_nonfinite);
+  const auto total = measure(norms_calls_by_device(grads), norm_type).total;
+  if (refuses_nonfinite(total, error_if_nonfinite)) throw_nonfinite(norm_type);
   multiply_(grads, at::Tensor(), clip_coef(total, max_norm));
   return total;
 }

@@ -12,6 +12,7 @@
 #include <torch/autograd.h>
 
 #include <cmath>
+#include <string_view>
 
 namespace torchext {
 namespace amp {
@@ -136,97 +137,158 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   st.stage = Stage::kUnscaled;
 }
 
-torch::Tensor GradScaler::clip_grad_norm_(torch::optim::Optimizer& optimizer, double max_norm,
-                                          double norm_type, bool error_if_nonfinite) {
-  if (!options_.enabled()) {
-    // Nothing is scaled: torchext's ASGD folds the clip into its next step,
-    // any other optimizer's gradients are clipped in place.
-    if (auto* asgd = dynamic_cast<optim::ASGD*>(&optimizer)) {
-      return asgd->clip_grad_norm_(max_norm, norm_type, error_if_nonfinite);
-    }
-    return api::clip_grad_norm_(api::params_of(optimizer), max_norm, norm_type,
-                                error_if_nonfinite);
-  }
-  check_scale_created("clip_grad_norm_");
-  auto found = per_optimizer_.find(&optimizer);
-  PerOptimizer next = found == per_optimizer_.end() ? PerOptimizer{} : found->second;
-  TORCH_CHECK(next.stage != Stage::kStepped,
-              "GradScaler.clip_grad_norm_() is being called after step().");
+// A clip's read through the scaler: per optimizer its record (a copy,
+// committed by write_clip or the step), its gradients and whether they are
+// still scaled (record kReady: read with inv_scale and found_inf, written
+// with inv_scale), then the total norm over all of them and the coefficient.
+struct GradScaler::Measure {
+  struct Part {
+    torch::optim::Optimizer* optimizer;
+    PerOptimizer record;
+    std::vector<at::Tensor> grads;
+    bool scaled;
+  };
+  std::vector<Part> parts;
+  at::Tensor inv_scale;  // torch's: scale.double().reciprocal().float()
+  at::Tensor total, coef;  // coef undefined: no clip (max_norm = inf, or refused)
+  bool refused = false;    // error_if_nonfinite and a non-finite total
+};
+
+GradScaler::Measure GradScaler::measure_clip(
+    const std::vector<torch::optim::Optimizer*>& optimizers, double max_norm, double norm_type,
+    bool error_if_nonfinite, const char* where) const {
+  // See Note [Clip: applied when called, folded only inside one call]
+  // (csrc/api/clip_grad.h): everything that can refuse refuses here,
+  // before the first write or record.
+  check_scale_created(where);
   api::check_host_read(scale_, error_if_nonfinite);
   at::NoGradGuard no_grad;
-  if (next.clip) {  // a second clip: the first, as torch's recipe leaves it, first
-    (void)next.clip->valid();  // (throws, changing nothing, when written in place)
-    settle_clip(next);
-    per_optimizer_[&optimizer] = next;
-  }
-  // After unscale_() the norms of the grads as they are (found_inf was
-  // recorded then); else of grads * inv_scale, with the inf/NaN check in the
-  // same read. torch: inv_scale = scale.double().reciprocal().float()
-  const bool unscaled = next.stage == Stage::kUnscaled;
-  auto per_device = grads_by_device(optimizer);
-  if (!unscaled && !options_.allow_fp16()) {
-    for (const auto& d : per_device) api::refuse_fp16(d.grads);
-  }
-  if (per_device.empty()) {
-    // torch's recipe over no gradients: unscale_ records no inf check, and
-    // the clip returns torch's tensor(0.).
-    if (!unscaled) {
-      next.found_inf_per_device.clear();
-      next.stage = Stage::kUnscaled;
-      per_optimizer_[&optimizer] = std::move(next);
-    }
-    return at::zeros({});
-  }
+  Measure m;
+  m.inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
   std::vector<api::NormsCall> calls;
-  for (const auto& d : per_device) calls.push_back({d.grads, std::nullopt, std::nullopt});
-  if (!unscaled) {
-    const auto inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
-    for (const auto i : c10::irange(calls.size())) {
-      calls[i].inv_scale = inv_scale.to(per_device[i].device, /*non_blocking=*/true);
-      calls[i].found_inf = per_device[i].found_inf;
+  std::vector<std::pair<size_t, size_t>> ranges;  // each part's calls
+  for (auto* optimizer : optimizers) {
+    TORCH_CHECK(optimizer != nullptr, "GradScaler.", where, ": an optimizer is null");
+    for (const auto& p : m.parts) {
+      TORCH_CHECK_VALUE(p.optimizer != optimizer, "GradScaler.", where,
+                        ": an optimizer is listed twice");
+    }
+    auto found = per_optimizer_.find(optimizer);
+    PerOptimizer record = found == per_optimizer_.end() ? PerOptimizer{} : found->second;
+    if (std::string_view(where) == "clip_and_step") {
+      TORCH_CHECK(record.stage != Stage::kStepped,
+                  "GradScaler.clip_and_step: GradScaler.step() has already been called since "
+                  "the last update().");
+    } else {
+      TORCH_CHECK(record.stage != Stage::kStepped, "GradScaler.", where,
+                  "() is being called after step().");
+    }
+    const bool scaled = record.stage == Stage::kReady;
+    auto grads = api::grads_of(*optimizer);
+    if (scaled && !options_.allow_fp16()) api::refuse_fp16(grads);
+    // After unscale_() the norms of the grads as they are (found_inf was
+    // recorded then); else of grads * inv_scale, with the inf/NaN check in
+    // the same read.
+    auto own = api::norms_calls_by_device(grads, scaled ? m.inv_scale : at::Tensor());
+    ranges.emplace_back(calls.size(), calls.size() + own.size());
+    for (auto& c : own) calls.push_back(std::move(c));
+    m.parts.push_back({optimizer, std::move(record), std::move(grads), scaled});
+  }
+  const auto measured = api::measure(calls, norm_type);  // every list checked first
+  for (const auto k : c10::irange(m.parts.size())) {
+    auto& part = m.parts[k];
+    if (!part.scaled) continue;
+    // torch's unscale_ over no gradients records no inf check.
+    part.record.found_inf_per_device.clear();
+    for (const auto c : c10::irange(ranges[k].first, ranges[k].second)) {
+      part.record.found_inf_per_device.emplace_back(calls[c].tensors.front().device(),
+                                                    measured.found_inf[c]);
     }
   }
-  const auto total = api::total_norm(calls, norm_type);  // every device checked first
-  // A non-finite norm refused by error_if_nonfinite is refused as by torch's
-  // recipe, after its unscale_: the inf check and the unscale stand.
-  std::optional<c10::Error> refused;
-  try {
-    api::check_nonfinite(total, norm_type, error_if_nonfinite);
-  } catch (const c10::Error& e) {
-    refused = e;
-  }
-  auto coef = refused ? at::Tensor() : api::clip_coef(total, max_norm);
-  if (!unscaled) next.found_inf_per_device = found_infs(per_device);
-  if (coef.defined() || !unscaled) {
-    next.clip = std::make_shared<const api::PendingClip>(api::PendingClip{
-        &optimizer, std::move(coef), !unscaled,
-        c10::make_intrusive<GradsSeen>(api::params_of(optimizer))});
-  }
-  next.stage = Stage::kUnscaled;
-  per_optimizer_[&optimizer] = std::move(next);  // recorded once nothing else can refuse
-  if (refused) throw *refused;
-  return total;
+  m.total = measured.total;
+  m.refused = api::refuses_nonfinite(m.total, error_if_nonfinite);
+  if (!m.refused) m.coef = api::clip_coef(m.total, max_norm);
+  return m;
 }
 
-void GradScaler::apply_clip(PerOptimizer& record) const {
-  record.clip->apply_(api::grads_of(*record.clip->optimizer), scale_);
-  record.clip.reset();
-  record.stage = Stage::kUnscaled;
+void GradScaler::write_clip(Measure& m, double norm_type) {
+  at::NoGradGuard no_grad;
+  std::vector<api::Multiply> passes;
+  for (const auto& part : m.parts) {
+    passes.push_back({part.grads, part.scaled ? m.inv_scale : at::Tensor()});
+  }
+  api::multiply_(passes, m.coef);  // every part checked before the first write
+  for (auto& part : m.parts) {
+    part.record.stage = Stage::kUnscaled;
+    per_optimizer_[part.optimizer] = part.record;
+  }
+  // Refused as torch's recipe refuses it: after its unscale_, before its clip.
+  if (m.refused) api::throw_nonfinite(norm_type);
 }
 
-void GradScaler::settle_clip(PerOptimizer& record) const {
-  const auto status = record.clip->status();
-  if (status == GradsSeen::kSame) {
-    apply_clip(record);
-    return;
+torch::Tensor GradScaler::clip_grad_norm_(torch::optim::Optimizer& optimizer, double max_norm,
+                                          double norm_type, bool error_if_nonfinite) {
+  // See Note [Clip: applied when called, folded only inside one call]
+  // (csrc/api/clip_grad.h, also in torchext/_clip.py).
+  return clip_grad_norm_(std::vector<torch::optim::Optimizer*>{&optimizer}, max_norm, norm_type,
+                         error_if_nonfinite);
+}
+
+torch::Tensor GradScaler::clip_grad_norm_(const std::vector<torch::optim::Optimizer*>& optimizers,
+                                          double max_norm, double norm_type,
+                                          bool error_if_nonfinite) {
+  // See Note [Clip: applied when called, folded only inside one call]
+  // (csrc/api/clip_grad.h, also in torchext/_clip.py).
+  if (!options_.enabled()) {
+    // Nothing is scaled: the clip in place (ASGD::clip_grad_norm_ is it too).
+    if (optimizers.size() == 1 && optimizers.front() != nullptr) {
+      if (auto* asgd = dynamic_cast<optim::ASGD*>(optimizers.front())) {
+        return asgd->clip_grad_norm_(max_norm, norm_type, error_if_nonfinite);
+      }
+    }
+    std::vector<at::Tensor> params;
+    for (auto* optimizer : optimizers) {
+      TORCH_CHECK(optimizer != nullptr, "GradScaler.clip_grad_norm_: an optimizer is null");
+      const auto p = api::params_of(*optimizer);
+      params.insert(params.end(), p.begin(), p.end());
+    }
+    return api::clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite);
   }
-  if (status == GradsSeen::kWritten) return;  // kept: the step (or a second clip) refuses it
-  const bool scaled = record.clip->scaled;
-  record.clip.reset();  // its gradients were replaced: it applies to nothing
-  if (scaled) {  // nor does its inf check: the new gradients are checked afresh
-    record.stage = Stage::kReady;
-    record.found_inf_per_device.clear();
+  auto m = measure_clip(optimizers, max_norm, norm_type, error_if_nonfinite, "clip_grad_norm_");
+  write_clip(m, norm_type);
+  return m.total;
+}
+
+ClipAndStep GradScaler::clip_and_step(torch::optim::Optimizer& optimizer, double max_norm,
+                                      double norm_type, bool error_if_nonfinite) {
+  // See Note [Clip: applied when called, folded only inside one call]
+  // (csrc/api/clip_grad.h, also in torchext/_clip.py): the only place where
+  // the scaler hands a coefficient to a step.
+  if (!options_.enabled()) {
+    if (auto* asgd = dynamic_cast<optim::ASGD*>(&optimizer)) {
+      return asgd->clip_and_step(max_norm, norm_type, error_if_nonfinite);
+    }
+    auto total = api::clip_grad_norm_(api::params_of(optimizer), max_norm, norm_type,
+                                      error_if_nonfinite);
+    return {std::move(total), optimizer.step()};
   }
+  auto m = measure_clip({&optimizer}, max_norm, norm_type, error_if_nonfinite, "clip_and_step");
+  if (m.refused) write_clip(m, norm_type);  // unscales, records, throws
+  at::NoGradGuard no_grad;
+  auto& part = m.parts.front();
+  if (auto* fused = dynamic_cast<FusedAmpStep*>(&optimizer)) {
+    // Two factors for the fused step, its gradients never written; nothing
+    // recorded unless it returns (a step that throws wrote nothing).
+    auto ret = fused_step(*fused, part.record, part.scaled, m.coef);
+    part.record.stage = Stage::kStepped;
+    per_optimizer_[&optimizer] = std::move(part.record);
+    return {std::move(m.total), std::move(ret)};
+  }
+  // A plain optimizer: the gradients unscaled and clipped (recorded
+  // kUnscaled before its step, so a retry does not clip them twice), then
+  // step()'s skip.
+  write_clip(m, norm_type);
+  return {std::move(m.total), plain_step(optimizer)};
 }
 
 torch::Tensor GradScaler::combined_found_inf(const PerOptimizer& s) const {
@@ -235,6 +297,37 @@ torch::Tensor GradScaler::combined_found_inf(const PerOptimizer& s) const {
     total.add_(f.to(scale_.device(), /*non_blocking=*/true));
   }
   return total;
+}
+
+torch::Tensor GradScaler::fused_step(FusedAmpStep& fused, const PerOptimizer& record, bool scaled,
+                                     const torch::Tensor& clip_coef) const {
+  // One that decides its skip on the device steps even with no gradient
+  // (torch's fused optimizers); any other needs an inf check.
+  const bool torch_fused = fused.amp_step_must_not_sync();
+  TORCH_CHECK(torch_fused || !record.found_inf_per_device.empty(),
+              "GradScaler.step: no inf checks were recorded for this optimizer (no parameter "
+              "has a gradient).");
+  auto found_inf = combined_found_inf(record);
+  const bool device_skip = torch_fused || api::capturing(scale_);
+  // Not called on an overflow (one host read), unless no host read may happen.
+  if (!device_skip && found_inf.item<double>() != 0.0) return {};
+  // torch's fused kernels skip only when found_inf == 1.
+  if (device_skip && record.found_inf_per_device.size() > 1) found_inf.clamp_max_(1.0);
+  return fused.step_with_amp(scaled ? scale_ : torch::Tensor(),
+                             device_skip ? found_inf : torch::Tensor(), api::as_factor(clip_coef));
+}
+
+torch::Tensor GradScaler::plain_step(torch::optim::Optimizer& optimizer) {
+  auto& st = per_optimizer_.at(&optimizer);
+  TORCH_CHECK(!st.found_inf_per_device.empty(),
+              "GradScaler.step: no inf checks were recorded for this optimizer (no parameter "
+              "has a gradient).");
+  double found_sum = 0.0;
+  for (const auto& [device, f] : st.found_inf_per_device) found_sum += f.item<double>();
+  torch::Tensor ret;
+  if (found_sum == 0.0) ret = optimizer.step();
+  st.stage = Stage::kStepped;
+  return ret;
 }
 
 torch::Tensor GradScaler::step(torch::optim::Optimizer& optimizer) {
@@ -247,16 +340,16 @@ torch::Tensor GradScaler::step(torch::optim::Optimizer& optimizer) {
   TORCH_CHECK(next.stage != Stage::kStepped,
               "GradScaler.step() has already been called since the last update().");
   at::NoGradGuard no_grad;
-  if (next.clip && !next.clip->valid()) settle_clip(next);  // (throws when written in place)
   if (auto* fused = dynamic_cast<FusedAmpStep*>(&optimizer)) {
     // The fused step (fused_step.h, Python's protocol.py): a read-only check
     // unless unscale_() or clip_grad_norm_() checked already, then the
-    // optimizer unscales (and clips) on the fly. One that decides its skip
-    // on the device is what torch's scaler steps fused (fp16 grads allowed,
-    // a no-op without grads); any other is unscaled first by torch's, which
-    // refuses both.
+    // optimizer unscales on the fly. One that decides its skip on the
+    // device is what torch's scaler steps fused (fp16 grads allowed, a no-op
+    // without grads); any other is unscaled first by torch's, which refuses
+    // both.
     const bool torch_fused = fused->amp_step_must_not_sync();
-    if (next.stage == Stage::kReady) {
+    const bool scaled = next.stage == Stage::kReady;
+    if (scaled) {
       auto per_device = grads_by_device(optimizer);
       if (!torch_fused && !options_.allow_fp16()) {
         for (const auto& d : per_device) api::refuse_fp16(d.grads);
@@ -265,45 +358,13 @@ torch::Tensor GradScaler::step(torch::optim::Optimizer& optimizer) {
       for (auto& d : per_device) check_finite_op().call(d.grads, d.found_inf);
       next.found_inf_per_device = found_infs(per_device);
     }
-    TORCH_CHECK(torch_fused || !next.found_inf_per_device.empty(),
-                "GradScaler.step: no inf checks were recorded for this optimizer (no parameter "
-                "has a gradient).");
-    auto found_inf = combined_found_inf(next);
-    const bool device_skip = torch_fused || api::capturing(scale_);
-    torch::Tensor ret;
-    // Not called on an overflow (one host read), unless no host read may happen.
-    if (device_skip || found_inf.item<double>() == 0.0) {
-      // torch's fused kernels skip only when found_inf == 1.
-      if (device_skip && next.found_inf_per_device.size() > 1) found_inf.clamp_max_(1.0);
-      const bool unscaled = next.stage == Stage::kUnscaled && !(next.clip && next.clip->scaled);
-      const auto factors = api::fold(next.clip.get(), unscaled ? torch::Tensor() : scale_);
-      ret = fused->step_with_amp(factors.grad_scale, device_skip ? found_inf : torch::Tensor(),
-                                 factors.clip_coef);
-    }
-    next.clip.reset();  // consumed
+    auto ret = fused_step(*fused, next, scaled, torch::Tensor());
     next.stage = Stage::kStepped;
     per_optimizer_[&optimizer] = std::move(next);
     return ret;
   }
-  if (next.clip) {
-    // The pending clip: the gradients unscaled and clipped in one pass (only
-    // clipped after unscale_()), as torch's recipe leaves them; recorded
-    // before the step, so that a retry does not multiply them again.
-    apply_clip(next);
-    per_optimizer_[&optimizer] = next;
-  } else if (next.stage == Stage::kReady) {
-    unscale_(optimizer);
-  }
-  auto& st = per_optimizer_.at(&optimizer);
-  TORCH_CHECK(!st.found_inf_per_device.empty(),
-              "GradScaler.step: no inf checks were recorded for this optimizer (no parameter "
-              "has a gradient).");
-  double found_sum = 0.0;
-  for (const auto& [device, f] : st.found_inf_per_device) found_sum += f.item<double>();
-  torch::Tensor ret;
-  if (found_sum == 0.0) ret = optimizer.step();
-  st.stage = Stage::kStepped;
-  return ret;
+  if (next.stage == Stage::kReady) unscale_(optimizer);
+  return plain_step(optimizer);
 }
 
 void GradScaler::update() {
@@ -451,7 +512,6 @@ void GradScaler::load(torch::serialize::InputArchive& archive) {
   TORCH_CHECK_VALUE(hyst.item<int>() <= o.hysteresis(), "GradScaler.load: '_hysteresis_tracker' (",
                     hyst.item<int>(), ") must be <= hysteresis (", o.hysteresis(), ")");
 
-  settle_clips();  // (before the scale changes)
   options_ = o;
   if (scale_.defined()) {  // keep the device the state lives on
     scale_.copy_(scale);
@@ -464,18 +524,6 @@ void GradScaler::load(torch::serialize::InputArchive& archive) {
     hysteresis_tracker_ = hyst.clone();
     skipped_steps_ = skipped.clone();
     state_movable_ = true;
-  }
-}
-
-void GradScaler::settle_clips() {
-  // A clip pending between clip_grad_norm_() and step() unscales with the
-  // scale it measured: applied to its gradients before the scale changes, as
-  // torch's recipe has them at that point. The records stay (as Python's and
-  // torch's load_state_dict keep this iteration's records); a clip of
-  // gradients written in place since is kept (the step refuses it).
-  at::NoGradGuard no_grad;
-  for (auto& [opt, record] : per_optimizer_) {
-    if (record.clip) settle_clip(record);
   }
 }
 

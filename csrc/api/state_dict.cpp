@@ -216,7 +216,6 @@ std::unique_ptr<ASGDParamState> param_state(const c10::IValue& v, const std::str
 
 void save_state_dict(const ASGD& optimizer, const std::string& path) {
   optimizer.check_not_averaged("torchext::save_state_dict");
-  optimizer.apply_pending_clip();
   GenericDict state(c10::IntType::get(), c10::AnyType::get());
   c10::impl::GenericList groups(c10::AnyType::get());
   int64_t next_id = 0;
@@ -414,7 +413,6 @@ void GradScaler::load_state_dict(const c10::impl::GenericDict& sd) {
     e.add_context(c10::str("in ", where));
     throw;
   }
-  settle_clips();  // (before the scale changes)
   options_ = o;
   if (!scale_.defined()) {  // no state yet: create it on the CPU, movable by scale()
     ensure_state(at::kCPU);

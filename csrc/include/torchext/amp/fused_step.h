@@ -39,11 +39,13 @@ class TORCHEXT_API FusedAmpStep {
   // One step with the scaler's records:
   // - grad_scale: divide the gradients by it on the fly (float32, 1 element);
   //   undefined when they were unscaled already (GradScaler::unscale_).
-  // - clip_coef: a pending clip's coefficient (GradScaler::clip_grad_norm_;
-  //   float32 or float64, 1 element), undefined when there is none: the
-  //   unscaled gradients are then multiplied by it, a second factor, never
-  //   folded into grad_scale (scale / coef overflows float32 at the largest
-  //   scales). torchext::optim::ASGD passes it to the asgd_ op's clip_coef.
+  // - clip_coef: the clip coefficient of GradScaler::clip_and_step (float32
+  //   or float64, 1 element; see Note [Clip: applied when called, folded
+  //   only inside one call] in csrc/api/clip_grad.h), undefined when there
+  //   is none: the unscaled gradients are then multiplied by it, a second
+  //   factor, never folded into grad_scale (scale / coef overflows float32
+  //   at the largest scales). torchext::optim::ASGD passes it to the asgd_
+  //   op's clip_coef.
   // - found_inf: undefined when the scaler checked on the host that the
   //   gradients are finite; else a 1-element float32 tensor, and the step
   //   must change nothing when it is nonzero (decided on the device).

@@ -12,7 +12,8 @@
 // torchext/amp/fused_step.h (Python: torchext/amp/protocol.py): an optimizer
 // implementing FusedAmpStep (torchext::optim::ASGD) gets a read-only check
 // and a step that unscales on the fly; any other optimizer is unscaled in
-// place. clip_grad_norm_() folds a gradient clip into that step. Either way
+// place. clip_and_step() folds a gradient clip into that step;
+// clip_grad_norm_() clips when called. Either way
 // found_inf is read on the host once and the step is not called on an
 // overflow, unless the optimizer says no host read may happen
 // (FusedAmpStep::amp_step_must_not_sync(): ASGD with capturable=true in every
@@ -22,6 +23,7 @@
 
 #include <torchext/amp/fused_step.h>
 #include <torchext/amp/state_dict_version.h>
+#include <torchext/nn/clip_grad.h>  // torchext::ClipAndStep
 
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
@@ -40,9 +42,6 @@
 #include <vector>
 
 namespace torchext {
-namespace api {
-struct PendingClip;  // csrc/api/clip_grad.h
-}
 namespace amp {
 
 struct TORCHEXT_API GradScalerOptions {
@@ -82,38 +81,71 @@ class TORCHEXT_API GradScaler {
   void unscale_(torch::optim::Optimizer& optimizer);
 
   // unscale_(optimizer) + torch::nn::utils::clip_grad_norm_ over the
-  // optimizer's gradients, fused (Python's GradScaler.clip_grad_norm_): one
-  // read of the gradients, no write, no host sync (unless
+  // optimizer's gradients, fused (Python's GradScaler.clip_grad_norm_), and
+  // applied when called (see Note [Clip: applied when called, folded only
+  // inside one call] in csrc/api/clip_grad.h, also in torchext/_clip.py):
+  // one read of the gradients (the norms of the unscaled gradients and the
+  // inf/NaN check), then one pass that writes them unscaled and clipped,
+  // rounded as torch's recipe stores them; no host sync (unless
   // error_if_nonfinite). Returns the total norm of the unscaled gradients
   // (0-d, their dtype, the first gradient's device; inf/NaN on an overflow,
-  // as torch's recipe returns; a float 0 on the CPU with no gradient) and
-  // records the inf/NaN check. The clip coefficient
-  // min(max_norm / (total + 1e-6), 1) stays on the device, in one pending
-  // clip (csrc/api/clip_grad.h, api::PendingClip: its whole life), and the
-  // next step() applies it: an optimizer implementing FusedAmpStep
-  // (torchext's ASGD) gets grad_scale = scale and clip_coef = coef, two
-  // factors it applies on the fly, so its gradients are never rewritten
-  // (still scaled after the step); any other optimizer gets its gradients
-  // unscaled and clipped in one pass before its step(), as torch's recipe
-  // leaves them. After unscale_() only the coefficient waits. A second clip
-  // before the step composes as torch's recipe (the pending one is applied
-  // to the gradients, which are then measured again). Not after step().
-  // fp16 gradients are refused unless allow_fp16. A non-finite norm refused
-  // by error_if_nonfinite is refused as by torch's recipe, after its
-  // unscale_: the inf check is recorded. max_norm = inf measures and never
-  // clips. A disabled scaler clips as ASGD::clip_grad_norm_ (torchext's
-  // ASGD) or in place (the drop-in, torchext/nn/clip_grad.h).
+  // as torch's recipe returns; a float 0 on the CPU with no gradient).
+  // Afterwards the record is torch's after unscale_(): kUnscaled with the
+  // inf check, and step() steps whatever the gradients then hold. After
+  // unscale_() (or a first clip) the gradients are measured and clipped as
+  // they are, never unscaled twice. Not after step(). Refuses before
+  // anything is written or recorded: no scale() yet, after step(), fp16
+  // gradients without allow_fp16, gradients the ops refuse. A non-finite
+  // norm refused by error_if_nonfinite is refused as by torch's recipe,
+  // after its unscale_: the gradients are unscaled (not clipped) and the
+  // inf check is recorded. max_norm = inf measures and never clips. A
+  // disabled scaler clips as ASGD::clip_grad_norm_ (torchext's ASGD) or in
+  // place (the drop-in, torchext/nn/clip_grad.h).
   torch::Tensor clip_grad_norm_(torch::optim::Optimizer& optimizer, double max_norm,
                                 double norm_type = 2.0, bool error_if_nonfinite = false);
+  // One clip over several optimizers' gradients (torch's recipe: unscale_
+  // each, then one clip_grad_norm_ over all their parameters): each
+  // optimizer's gradients read (unscaled per its own record), one total
+  // norm, one coefficient, each optimizer's gradients written, each record
+  // kUnscaled with its inf check. Every optimizer is validated before the
+  // first write; one listed twice is refused.
+  torch::Tensor clip_grad_norm_(const std::vector<torch::optim::Optimizer*>& optimizers,
+                                double max_norm, double norm_type = 2.0,
+                                bool error_if_nonfinite = false);
+
+  // clip_grad_norm_(optimizer, ...) then step(optimizer) in one call, the
+  // clip folded into the step (Python's GradScaler.clip_and_step; see Note
+  // [Clip: applied when called, folded only inside one call] in
+  // csrc/api/clip_grad.h, also in torchext/_clip.py): one read of the
+  // gradients, then an optimizer implementing FusedAmpStep (torchext's ASGD)
+  // gets step_with_amp(grad_scale = scale, found_inf, clip_coef = coef), two
+  // factors applied one after the other on the fly, and its gradients are
+  // left scaled and unclipped; any other optimizer gets its gradients
+  // unscaled and clipped in one pass (the record then says kUnscaled), then
+  // step()'s skip logic. After unscale_() or clip_grad_norm_() the
+  // gradients are measured as they are and clipped again (never unscaled
+  // twice). Returns the total norm and what the step returned (undefined
+  // when it was skipped). Leaves the record kStepped, as step(); does not
+  // call update(). Refuses as clip_grad_norm_ and step() (after step():
+  // step()'s message), before anything is written; error_if_nonfinite with
+  // a non-finite norm as clip_grad_norm_ (gradients unscaled, record
+  // kUnscaled with the inf check, no step). When the optimizer's step
+  // throws: a fused step wrote nothing, and the record is as before the
+  // call; a plain optimizer's gradients stay unscaled and clipped and the
+  // record kUnscaled, so a later step(optimizer) steps them without
+  // clipping twice. A disabled scaler: ASGD::clip_and_step (torchext's
+  // ASGD), else the drop-in clip then step().
+  ClipAndStep clip_and_step(torch::optim::Optimizer& optimizer, double max_norm,
+                            double norm_type = 2.0, bool error_if_nonfinite = false);
 
   // Steps the optimizer unless the gradients overflowed (fused_step.h).
   // Returns what the optimizer's step (step() or step_with_amp()) returned,
   // or an undefined tensor when it was not called (an overflow, read on the
   // host). When the optimizer's step throws, the records say what the
-  // gradients are: a fused step wrote nothing and keeps the pending clip
-  // for a retry; gradients unscaled (and clipped) in place before a plain
-  // optimizer's step stay so, and the record says so (a retry does not
-  // multiply them again). With no gradient, a FusedAmpStep whose
+  // gradients are: a fused step wrote nothing and the record is as before;
+  // gradients unscaled in place before a plain optimizer's step stay so,
+  // and the record says so (a retry does not unscale them again). With no
+  // gradient, a FusedAmpStep whose
   // amp_step_must_not_sync() is true steps a no-op; any other optimizer
   // throws "no inf checks were recorded" (torch's answers for its fused and
   // plain optimizers).
@@ -171,20 +203,25 @@ class TORCHEXT_API GradScaler {
   struct PerOptimizer {
     Stage stage = Stage::kReady;
     std::vector<std::pair<c10::Device, torch::Tensor>> found_inf_per_device;
-    std::shared_ptr<const api::PendingClip> clip;  // waits for the step
   };
+  struct Measure;  // a clip's read (grad_scaler.cpp)
 
   void check_scale_created(const char* where) const;
   void ensure_state(const c10::Device& device);
   torch::Tensor combined_found_inf(const PerOptimizer& s) const;
-  // A pending clip made concrete: applied to its gradients when they are
-  // still those it measured (the record then says kUnscaled, no clip);
-  // dropped when they were replaced (with its inf check when it read scaled
-  // gradients); kept when they were written in place (the step, or a second
-  // clip, then refuses it).
-  void settle_clip(PerOptimizer& record) const;
-  void settle_clips();  // every record's, before load()/load_state_dict() change the scale
-  void apply_clip(PerOptimizer& record) const;
+  // The clip's two halves (csrc/api/clip_grad.h): the read of every
+  // optimizer's gradients, validated first, writing and recording nothing;
+  // then the pass that writes them and records each kUnscaled (throwing
+  // the non-finite error after it when error_if_nonfinite refused).
+  Measure measure_clip(const std::vector<torch::optim::Optimizer*>& optimizers, double max_norm,
+                       double norm_type, bool error_if_nonfinite, const char* where) const;
+  void write_clip(Measure& measure, double norm_type);
+  // The steps after the records are made: the fused protocol (throws before
+  // anything is stepped when no inf check was recorded and the skip is not
+  // the device's) and a plain optimizer's step from its kUnscaled record.
+  torch::Tensor fused_step(FusedAmpStep& fused, const PerOptimizer& record, bool scaled,
+                           const torch::Tensor& clip_coef) const;
+  torch::Tensor plain_step(torch::optim::Optimizer& optimizer);
 
   GradScalerOptions options_;
   torch::Tensor scale_, growth_tracker_, hysteresis_tracker_;

@@ -9,8 +9,11 @@
 // with a nonzero element; LibTorch's counts the gradients). Throws c10::Error
 // for gradients the op refuses (sparse, integer), before any is written.
 //
-// Without a host read, folded into the next step instead of rewriting the
-// gradients: GradScaler::clip_grad_norm_ and ASGD::clip_grad_norm_.
+// The same clip without a host read (the norm stays a device tensor):
+// GradScaler::clip_grad_norm_ (unscale_ + clip in one pass) and
+// ASGD::clip_grad_norm_; folded into the step, without rewriting the
+// gradients of torchext's ASGD: GradScaler::clip_and_step and
+// ASGD::clip_and_step, which return a torchext::ClipAndStep (below).
 #pragma once
 
 #include <torchext/amp/fused_step.h>  // TORCHEXT_API
@@ -22,6 +25,17 @@
 #include <vector>
 
 namespace torchext {
+
+// What GradScaler::clip_and_step and ASGD::clip_and_step return (Python's
+// named tuple ClipAndStep(total_norm, result)): the total norm of the
+// unscaled gradients before clipping (0-d, their dtype, the first gradient's
+// device; a float 0 on the CPU with no gradient) and what the step returned
+// (undefined when the scaler skipped it, or when the step returns nothing).
+struct ClipAndStep {
+  torch::Tensor total_norm;
+  torch::Tensor result;
+};
+
 namespace nn {
 namespace utils {
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <torchext/amp/fused_step.h>
+#include <torchext/nn/clip_grad.h>  // torchext::ClipAndStep
 
 #include <torch/arg.h>
 #include <torch/optim/optimizer.h>
@@ -22,9 +23,6 @@
 // from a library built with -fvisibility=hidden, as the Python extension is.)
 
 namespace torchext {
-namespace api {
-struct PendingClip;  // csrc/api/clip_grad.h
-}
 namespace optim {
 
 class AveragedParameters;  // torchext/optim/averaging.h
@@ -133,36 +131,31 @@ class TORCHEXT_API ASGD : public torch::optim::Optimizer, public amp::FusedAmpSt
   bool amp_step_must_not_sync() const override;
 
   // torch::nn::utils::clip_grad_norm_ over every parameter of this
-  // optimizer, folded into the next step (Python's ASGD.clip_grad_norm_):
-  // returns the same total norm (0-d, the gradients' dtype, the first
-  // gradient's device; a float 0 on the CPU with no gradient) from one fused
-  // read of the gradients, and the next step (step() or step_with_amp())
-  // multiplies each gradient by the clip coefficient
-  // min(max_norm / (total + 1e-6), 1) on the fly instead of a pass that
-  // rewrites them: the gradients are left as they are. No host sync unless
-  // error_if_nonfinite. The coefficient waits in one pending clip
-  // (csrc/api/clip_grad.h, api::PendingClip: its whole life), used by the
-  // next step only and dropped by zero_grad(). A second clip before the step
-  // composes as torch's (the first is applied to the gradients, then they are
-  // measured again). max_norm = inf measures and never clips. With an
-  // enabled GradScaler use GradScaler::clip_grad_norm_: these gradients are
-  // scaled.
+  // optimizer, applied when called (Python's ASGD.clip_grad_norm_; see Note
+  // [Clip: applied when called, folded only inside one call] in
+  // csrc/api/clip_grad.h, also in torchext/_clip.py): one fused read of the
+  // gradients for the total norm, one pass that writes them clipped; the
+  // next step() steps whatever they then hold. Returns the total norm (0-d,
+  // the gradients' dtype, the first gradient's device; a float 0 on the CPU
+  // with no gradient), no host sync unless error_if_nonfinite (a non-finite
+  // norm then throws and changes nothing). max_norm = inf measures and never
+  // clips. With an enabled GradScaler use GradScaler::clip_grad_norm_ (or
+  // clip_and_step): these gradients are scaled.
   torch::Tensor clip_grad_norm_(double max_norm, double norm_type = 2.0,
                                 bool error_if_nonfinite = false);
 
-  // As Optimizer::zero_grad, and drops a pending clip_grad_norm_ (its
-  // gradients are gone). Optimizer::zero_grad is not virtual: called through
-  // a torch::optim::Optimizer&, the base one runs, and the step then finds
-  // the gradients replaced (set_to_none: the clip is dropped) or written
-  // (zeroed in place: the step refuses the clip).
-  void zero_grad(bool set_to_none = true);
-
-  // Applies a pending clip_grad_norm_ to the gradients, as torch's clip
-  // leaves them, when they are still the ones it measured (dropped when they
-  // were replaced; kept when they were written in place: the step then
-  // refuses it). save() and torchext::save_state_dict do this first, so an
-  // optimizer rebuilt from the checkpoint steps the gradients clipped.
-  void apply_pending_clip() const;
+  // The closure (if any, with grad mode on), then clip_grad_norm_ and step()
+  // in one call, the clip folded into the step (Python's ASGD.clip_and_step;
+  // see Note [Clip: applied when called, folded only inside one call] in
+  // csrc/api/clip_grad.h, also in torchext/_clip.py): one read of the
+  // gradients, then the step multiplies each gradient by the coefficient
+  // min(max_norm / (total + 1e-6), 1) on the fly; the gradients are left
+  // unclipped. Returns the total norm and the closure's loss (undefined
+  // without a closure). error_if_nonfinite with a non-finite norm throws
+  // before the step, changing nothing (the closure has run). For training
+  // without a scaler; with one use GradScaler::clip_and_step.
+  ClipAndStep clip_and_step(double max_norm, double norm_type = 2.0,
+                            bool error_if_nonfinite = false, LossClosure closure = nullptr);
 
   ~ASGD() override;
 
@@ -197,15 +190,10 @@ class TORCHEXT_API ASGD : public torch::optim::Optimizer, public amp::FusedAmpSt
  private:
   friend class AveragedParameters;
   bool averaged_in_ = false;  // a guard is alive: step() refuses
-  // This optimizer's own pending clip (clip_grad_norm_ without a scaler);
-  // mutable: save() applies it to the gradients (apply_pending_clip).
-  mutable std::unique_ptr<api::PendingClip> pending_clip_;
-  // The step: combines the pending clip's coefficient with clip_coef, then
-  // step_groups.
+  // The step of step(), step_with_amp() and clip_and_step(): each factor
+  // may be null.
   void step_impl(const torch::Tensor* grad_scale, const torch::Tensor* found_inf,
                  const torch::Tensor* clip_coef);
-  void step_groups(const torch::Tensor* grad_scale, const torch::Tensor* found_inf,
-                   const torch::Tensor* clip_coef);
 };
 
 }  // namespace optim
