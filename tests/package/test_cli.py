@@ -174,8 +174,8 @@ def test_bench_clip_tables(tmp_path):
     assert "scale -> clip -> step -> update, 3 x 2000 fp32" in r.stdout
     (run,) = json.loads(out.read_text())["runs"]
     phase = run["results"][1]["ms"]
-    assert list(phase)[:3] == ["torchext ASGD, fused clip", "torchext ASGD, no clip",
-                               "torch recipe, SGD(momentum, fused)"]
+    assert list(phase)[:4] == ["torchext ASGD, clip_and_step", "torchext ASGD, two calls",
+                               "torchext ASGD, no clip", "torch recipe, SGD(momentum, fused)"]
     assert "torch recipe, AdamW(fused)" in phase
     # The norm kernel alone (CPU here; the CUDA kernel where a GPU runs it):
     # its bytes/s against a copy's, and the composite kernel's two reads.
