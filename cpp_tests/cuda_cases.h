@@ -168,6 +168,9 @@ struct EntrySpec {
   at::ScalarType dtype;
   int64_t offset[3];  // p, g, ax
   Layout layout[3];
+  // asgd_: the average's dtype, Undefined for dtype; float for a float32
+  // average of a half/bfloat16 parameter.
+  at::ScalarType ax_dtype = at::ScalarType::Undefined;
 };
 
 struct ASGDCase {
@@ -241,7 +244,8 @@ ASGDTensors make_asgd_tensors(const ASGDCase& c, Arena& arena) {
   for (const auto& e : c.entries) {
     t.params.push_back(arena.make(e.numel, e.dtype, e.offset[0], e.layout[0], rng));
     t.grads.push_back(arena.make(e.numel, e.dtype, e.offset[1], e.layout[1], rng));
-    t.axs.push_back(arena.make(e.numel, e.dtype, e.offset[2], e.layout[2], rng));
+    const auto ax_dtype = e.ax_dtype == at::ScalarType::Undefined ? e.dtype : e.ax_dtype;
+    t.axs.push_back(arena.make(e.numel, ax_dtype, e.offset[2], e.layout[2], rng));
   }
   // A plausible state: step s, eta and mu from torch's schedule at s.
   std::uniform_int_distribution<int> step_dist(0, 6);
@@ -419,6 +423,14 @@ ASGDCase random_asgd_case(uint64_t seed, int64_t nentries, int64_t max_numel) {
     c.clip_double = k >= 70;
   }
   c.steps = 2;
+  // Half of the half/bfloat16 entries keep a float32 average (from a stream
+  // of their own, so that the draws above are those of every earlier case).
+  std::mt19937_64 ax_rng(seed ^ 0x5eedaf32ull);
+  for (auto& e : c.entries) {
+    if ((e.dtype == at::kHalf || e.dtype == at::kBFloat16) && ax_rng() % 2 == 0) {
+      e.ax_dtype = at::kFloat;
+    }
+  }
   return c;
 }
 

@@ -173,8 +173,14 @@ void check_asgd_entry(const ASGDArgs& a, size_t i, const c10::Device& device,
                    "; supported: float32, float64, float16, bfloat16, complex64, complex128");
   TORCH_CHECK_TYPE(g.scalar_type() == p.scalar_type(), "asgd_: grads[", i, "] has dtype ",
                    g.scalar_type(), " but params[", i, "] has dtype ", p.scalar_type());
-  TORCH_CHECK_TYPE(ax.scalar_type() == p.scalar_type(), "asgd_: axs[", i, "] has dtype ",
-                   ax.scalar_type(), " but params[", i, "] has dtype ", p.scalar_type());
+  // ax: the parameter's dtype, or float32 for a float16/bfloat16 parameter
+  // (a float32 average: elementwise_math.h, asgd_average).
+  TORCH_CHECK_TYPE(ax.scalar_type() == p.scalar_type() ||
+                       (ax.scalar_type() == at::kFloat && (p.scalar_type() == at::kHalf ||
+                                                           p.scalar_type() == at::kBFloat16)),
+                   "asgd_: axs[", i, "] has dtype ", ax.scalar_type(), " but params[", i,
+                   "] has dtype ", p.scalar_type(), " (ax must have the parameter's dtype, or "
+                   "float32 for a float16/bfloat16 parameter)");
   TORCH_CHECK_VALUE(g.sizes() == p.sizes(), "asgd_: grads[", i, "] has shape ", g.sizes(),
                     " but params[", i, "] has shape ", p.sizes());
   TORCH_CHECK_VALUE(ax.sizes() == p.sizes(), "asgd_: axs[", i, "] has shape ", ax.sizes(),

@@ -65,6 +65,7 @@ struct ASGDFlatEntry {
   at::ScalarType dtype;  // real: a complex tensor is walked as interleaved pairs
   void* p;
   void* ax;
+  at::ScalarType ax_dtype;  // dtype, or float for half/bfloat16 (a float32 average)
   const void* g;
   int64_t numel;  // of dtype
 };
@@ -89,12 +90,14 @@ void for_each_checked_entry(const ASGDArgs& a, const ASGDCall& call,
     if (is_flat_triple(p, g, ax)) {
       const at::ScalarType dtype = p.scalar_type();
       const bool complex = at::isComplexType(dtype);
-      visit(ASGDFlatEntry{i, complex ? c10::toRealValueType(dtype) : dtype, p.data_ptr(),
-                          ax.data_ptr(), g.const_data_ptr(), p.numel() * (complex ? 2 : 1)});
+      const at::ScalarType real = complex ? c10::toRealValueType(dtype) : dtype;
+      visit(ASGDFlatEntry{i, real, p.data_ptr(), ax.data_ptr(),
+                          complex ? real : ax.scalar_type(), g.const_data_ptr(),
+                          p.numel() * (complex ? 2 : 1)});
     } else {
       const DenseTriple& d = copies.emplace_back(make_dense_triple(p, g, ax));
       visit(ASGDFlatEntry{i, d.p.scalar_type(), d.p.data_ptr(), d.ax.data_ptr(),
-                          d.g.const_data_ptr(), d.p.numel()});
+                          d.ax.scalar_type(), d.g.const_data_ptr(), d.p.numel()});
     }
   }
 }

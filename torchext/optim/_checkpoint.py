@@ -44,6 +44,27 @@ def _lr_value_readable(lr: Tensor) -> bool:
     return local.device.type == "cpu" and not local.is_meta
 
 
+def check_average_dtype(value: Any, where: str | None) -> None:
+    """``average_dtype``: ``torch.float32`` (a float32 average for fp16/bf16
+    parameters) or None (the parameter's dtype, torch's layout)."""
+    if value is not None and value != torch.float32:
+        raise ValueError(f"{where + ': ' if where else ''}average_dtype must be torch.float32 "
+                         f"(a float32 average for float16/bfloat16 parameters) or None (the "
+                         f"parameter's dtype), got {value!r}")
+
+
+def average_dtype_of(p: Tensor, group: dict[str, Any]) -> torch.dtype:
+    """The rule for ``ax``'s dtype (state creation and load; C++:
+    ``ASGDOptions::average_dtype``, ``asgd_state.h``): float32 for an fp16/bf16
+    parameter unless its group's ``average_dtype`` is None, else the
+    parameter's dtype."""
+    dtype = _dtensor.to_local(p).dtype
+    if dtype in (torch.float16, torch.bfloat16) and group.get("average_dtype",
+                                                              torch.float32) is not None:
+        return torch.float32
+    return dtype
+
+
 def check_hyperparams(h: dict[str, Any], where: str | None) -> None:
     """lr, lambd, alpha, t0, weight_decay by the constructor's rules
     (torch's messages when ``where`` is None: the constructor).
@@ -178,6 +199,16 @@ def _check_entry(pid: Any, st: Any, p: Tensor) -> list[tuple[str, Tensor | float
     return out
 
 
+def _retake_ax(saved: Tensor, loaded: Tensor, dtype: torch.dtype) -> Tensor:
+    """``ax`` from its saved values in ``dtype``, where torch's loader put it
+    (its device; a DTensor keeps the saved placements, as DCP loads them)."""
+    cls = _dtensor._dtensor_cls()
+    if cls is not None and isinstance(loaded, cls):
+        src = saved if isinstance(saved, cls) else loaded
+        return src.detach().to(dtype=dtype).clone()
+    return saved.detach().to(device=loaded.device, dtype=dtype, copy=True)
+
+
 def _check_values(values: list[tuple[str, Tensor | float]]) -> None:
     """step, eta and mu: finite and >= 0. Tensors are read once per device."""
     tensors: list[tuple[str, Tensor]] = []
@@ -215,13 +246,24 @@ def validate_state_dict(opt, state_dict) -> None:
 
 
 def restore_scalar_state(opt, state_dict) -> None:
-    """torch.optim casts eta/mu to the parameter dtype (bf16 loses the
-    schedule); take them again from the saved values, in float32/64."""
+    """torch.optim casts every state tensor but ``step`` to the parameter
+    dtype: eta/mu (bf16 loses the schedule) and ``ax`` (a float32 average
+    narrowed to bf16). Take them again from the saved values: step/eta/mu in
+    float32/64, ``ax`` in its dtype by the rule (``average_dtype_of``: a bf16
+    ``ax`` of torch's or of ``average_dtype=None`` widens to float32, a float32
+    one narrows where the group opted out), on the parameter's device."""
     id_to_param = _saved_id_to_param(opt, state_dict)
+    groups = {id(p): g for g in opt.param_groups for p in g["params"]}
     for pid, st in state_dict["state"].items():
         p = id_to_param.get(pid)
         if p is None:
             continue
+        ax = st.get("ax")
+        if isinstance(ax, Tensor) and id(p) in groups:
+            dtype = average_dtype_of(p, groups[id(p)])
+            if ax.dtype != dtype or _dtensor.to_local(opt.state[p]["ax"]).dtype != dtype:
+                loaded = opt.state[p]["ax"]
+                dict.__setitem__(opt.state[p], "ax", _retake_ax(ax, loaded, dtype))
         for key in SCALAR_KEYS:
             if key not in st:
                 continue

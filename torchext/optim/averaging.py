@@ -1,10 +1,15 @@
 """Using ASGD's averaged weights: evaluate with them, export them, and start
 averaging when validation stalls (NT-ASGD, Merity et al. 2017).
 
-* :func:`averaged_parameters` swaps every parameter with its average ``ax``
-  in place (``torch.ops.torchext.swap_``): no copy of the model, the same
-  tensors and ``data_ptr()`` (compiled functions do not recompile, captured
-  CUDA graphs stay valid), and swapping back restores both bit for bit.
+* :func:`averaged_parameters` puts every parameter's average ``ax`` in the
+  parameter in place: the same tensors and ``data_ptr()`` (compiled
+  functions do not recompile, captured CUDA graphs stay valid), and leaving
+  restores both bit for bit. Where ``ax`` has the parameter's dtype the two
+  are swapped (``torch.ops.torchext.swap_``: no copy of the model); where it
+  is wider (the float32 average of fp16/bf16 parameters) the parameter is
+  kept in a scratch copy of its own dtype for the block (2 B/element for
+  bf16), allocated on entry, and receives ``ax`` rounded once to its dtype;
+  ``ax`` is not touched.
 * :func:`start_averaging` restarts the average with the next step.
 * :class:`NonMonotonicTrigger` calls it when the validation metric stops
   improving (AWD-LSTM's rule).
@@ -39,11 +44,14 @@ def check_not_averaging(optimizer: Any) -> None:
             "right now; leave the `with` block before stepping (nothing was changed)")
 
 
-def _local_pairs(optimizer: Any) -> dict[torch.device, tuple[list[Tensor], list[Tensor]]]:
-    """(params, axs) per device, as local shards for DTensor parameters."""
+def _local_pairs(optimizer: Any):
+    """(params, axs) per device whose ax has the parameter's dtype (swapped),
+    and (param, ax) pairs whose ax is wider (copied); local shards for
+    DTensor parameters."""
     cls = _dtensor._dtensor_cls()
     ps: list[Tensor] = []
     axs: list[Tensor] = []
+    wider: list[tuple[Tensor, Tensor]] = []
     for group in optimizer.param_groups:
         for p in group["params"]:
             ax = optimizer.state.get(p, {}).get("ax")
@@ -54,10 +62,19 @@ def _local_pairs(optimizer: Any) -> dict[torch.device, tuple[list[Tensor], list[
                         _dtensor._layout(p) != _dtensor._layout(ax)):
                     raise ValueError("averaged_parameters: a DTensor parameter and its 'ax' "
                                      "must be laid out alike (same mesh and placements)")
-            ps.append(_dtensor.to_local(p))
-            axs.append(_dtensor.to_local(ax))
-    return {device: (pick(ps, idx), pick(axs, idx))
-            for device, idx in indices_by_device(ps).items()}
+            p, ax = _dtensor.to_local(p), _dtensor.to_local(ax)
+            if ax.dtype != p.dtype and is_wider_average(p, ax):
+                wider.append((p, ax))
+            else:
+                ps.append(p)
+                axs.append(ax)
+    return ({device: (pick(ps, idx), pick(axs, idx))
+             for device, idx in indices_by_device(ps).items()}, wider)
+
+
+def is_wider_average(p: Tensor, ax: Tensor) -> bool:
+    """Whether ``ax`` is a float32 average of an fp16/bf16 parameter."""
+    return ax.dtype == torch.float32 and p.dtype in (torch.float16, torch.bfloat16)
 
 
 def _swap(pairs: dict[torch.device, tuple[list[Tensor], list[Tensor]]]) -> None:
@@ -74,6 +91,28 @@ def _swap(pairs: dict[torch.device, tuple[list[Tensor], list[Tensor]]]) -> None:
             raise
 
 
+class _Entered:
+    """What averaged_parameters() did on entry, undone on exit: the swapped
+    pairs, and the parameters with a wider average with their scratch copies
+    (allocated before anything was written, so that the exit, a swap back
+    and copies into memory already held, cannot fail)."""
+
+    def __init__(self, optimizer: Any) -> None:
+        self.pairs, wider = _local_pairs(optimizer)
+        self.copies = [(p, ax, p.detach().clone(memory_format=torch.preserve_format))
+                       for p, ax in wider]  # (raises, with nothing written, when out of memory)
+        _swap(self.pairs)  # raises with nothing swapped on bad state
+        with torch.no_grad():
+            for p, ax, _ in self.copies:
+                p.copy_(ax)  # the average, rounded once to the parameter's dtype
+
+    def exit(self) -> None:
+        _swap(self.pairs)
+        with torch.no_grad():
+            for p, _, saved in self.copies:
+                p.copy_(saved)
+
+
 def _refuse(what: str):
     def hook(*args, **kwargs):
         raise RuntimeError(f"optimizer.{what}() inside averaged_parameters(): the parameters "
@@ -83,17 +122,20 @@ def _refuse(what: str):
 
 @contextlib.contextmanager
 def averaged_parameters(optimizer: Any) -> Iterator[None]:
-    """Inside the block every parameter with ASGD state holds its average ``ax``
-    (and ``ax`` holds the training value); on exit, even by an exception, both
-    are back bit for bit. ``step()``, ``state_dict()`` and
+    """Inside the block every parameter with ASGD state holds its average
+    ``ax``, rounded once to the parameter's dtype; ``ax`` holds the training
+    value where the two were swapped (``ax`` of the parameter's dtype), and
+    is untouched where it is wider (the float32 average of fp16/bf16
+    parameters: the training value waits in a scratch copy, 2 B/element for
+    bf16, for the block's duration). On exit, even by an exception, the
+    parameters and ``ax`` are back bit for bit. ``step()``, ``state_dict()`` and
     ``load_state_dict()`` are refused inside; nesting is refused.
     DTensor (FSDP2) parameters swap their local shards, with no communication.
     """
     if getattr(optimizer, FLAG, False):
         raise RuntimeError("averaged_parameters() is already active for this optimizer "
                            "(nested use is not supported)")
-    pairs = _local_pairs(optimizer)
-    _swap(pairs)  # raises with nothing swapped on bad state
+    entered = _Entered(optimizer)  # raises with nothing changed
     handles = [optimizer.register_state_dict_pre_hook(_refuse("state_dict")),
                optimizer.register_load_state_dict_pre_hook(_refuse("load_state_dict"))]
     setattr(optimizer, FLAG, True)
@@ -105,7 +147,7 @@ def averaged_parameters(optimizer: Any) -> Iterator[None]:
         optimizer.__dict__.pop(FLAG, None)
         for h in handles:
             h.remove()
-        _swap(pairs)
+        entered.exit()
 
 
 def _step_counts(optimizer: Any) -> dict[Tensor, float]:
@@ -172,11 +214,15 @@ def start_averaging(optimizer: Any) -> None:
 def true_average_state(optimizer: Any) -> dict:
     """The optimizer's state as it is outside averaged_parameters(), taken
     while inside: each swapped ``ax`` is a copy of its parameter (which
-    holds the average right now). For pickling inside the block."""
+    holds the average right now); a wider ``ax`` (float32 for fp16/bf16
+    parameters) was not swapped and is the average itself. For pickling
+    inside the block."""
     out = {}
     for p, st in optimizer.state.items():
         st = dict(st)
-        if isinstance(st.get("ax"), Tensor):
+        ax = st.get("ax")
+        if isinstance(ax, Tensor) and not is_wider_average(_dtensor.to_local(p),
+                                                           _dtensor.to_local(ax)):
             st["ax"] = p.detach().clone()
         out[p] = st
     return out
@@ -243,15 +289,32 @@ class NonMonotonicTrigger:
         self.triggered = bool(state_dict["triggered"])
 
 
-def averaged_state_dict(model: torch.nn.Module, optimizer: Any) -> "OrderedDict[str, Any]":
+def averaged_state_dict(model: torch.nn.Module, optimizer: Any,
+                        dtype: torch.dtype | None = None) -> "OrderedDict[str, Any]":
     """``model.state_dict()`` with each parameter replaced by its average
-    (parameters never stepped keep their value; buffers are as they are).
-    Every tensor is a copy, ready for ``torch.save``, ``torch.export`` or
-    deployment; the model and the optimizer are left as they were."""
+    (parameters never stepped keep their value; buffers are as they are), in
+    the model's dtypes. ``dtype=torch.float32`` exports the averages in
+    float32 instead: a float32 average (fp16/bf16 parameters) unrounded, any
+    other parameter's converted. Every tensor is a copy, ready for
+    ``torch.save``, ``torch.export`` or deployment; the model and the
+    optimizer are left as they were."""
+    averages = {}
+    if dtype is not None:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                ax = optimizer.state.get(p, {}).get("ax")
+                if isinstance(ax, Tensor):
+                    averages[id(p)] = ax
     with averaged_parameters(optimizer):
-        sd = model.state_dict()
-        out = OrderedDict((k, v.detach().clone() if isinstance(v, Tensor) else v)
-                          for k, v in sd.items())
+        sd = model.state_dict(keep_vars=dtype is not None)
+        out = OrderedDict()
+        for k, v in sd.items():
+            if isinstance(v, Tensor):
+                ax = averages.get(id(v)) if dtype is not None else None
+                src = ax if ax is not None and ax.dtype != v.dtype else v
+                v = src.detach().clone() if dtype is None or not v.is_floating_point() \
+                    else src.detach().to(dtype, copy=True)
+            out[k] = v
     metadata = getattr(sd, "_metadata", None)
     if metadata is not None:
         out._metadata = metadata  # type: ignore[attr-defined]

@@ -119,16 +119,18 @@ struct FusedMulAdd {
   }
 };
 
-// One ASGD update of one element (or one vector of elements), in place.
-// Same order of operations as torch.optim.ASGD's for-loop path. `madd`
-// computes a * b + c where torch computes `x.add(y, alpha=s)`, the only
-// places torch's kernels fuse: the CPU launchers pass a fused multiply-add
-// when the ISA has one (torch's own CPU add kernel then uses vec::fmadd), the
-// CUDA kernels always pass FusedMulAdd (torch's CUDA add kernel is one FMA).
-// Everything else is rounded op by op, as torch's one-kernel-per-op for-loop
-// path rounds it, so fp32/fp64 results equal torch's bit for bit.
+// One ASGD update of one element (or one vector of elements), in place,
+// in two halves: asgd_param (the parameter) then asgd_average (the average,
+// moved toward the parameter as stored). Same order of operations as
+// torch.optim.ASGD's for-loop path. `madd` computes a * b + c where torch
+// computes `x.add(y, alpha=s)`, the only places torch's kernels fuse: the
+// CPU launchers pass a fused multiply-add when the ISA has one (torch's own
+// CPU add kernel then uses vec::fmadd), the CUDA kernels always pass
+// FusedMulAdd (torch's CUDA add kernel is one FMA). Everything else is
+// rounded op by op, as torch's one-kernel-per-op for-loop path rounds it,
+// so fp32/fp64 results equal torch's bit for bit.
 template <typename V, typename C, typename MulAdd = SeparateMulAdd>
-C10_HOST_DEVICE inline void asgd_update(V& p, V& ax, V g, const C& c, MulAdd madd = {}) {
+C10_HOST_DEVICE inline void asgd_param(V& p, V g, const C& c, MulAdd madd = {}) {
   if (c.unscale) {
     g = mul(g, c.inv_scale);            // GradScaler.unscale_: grad * inv_scale
   }
@@ -140,11 +142,29 @@ C10_HOST_DEVICE inline void asgd_update(V& p, V& ax, V g, const C& c, MulAdd mad
   }
   p = mul(p, c.decay);                  // param.mul_(1 - lambd * eta)
   p = madd(g, c.step_size, p);          // param.add_(grad, alpha=-eta)
+}
+
+// The average's half. `p_stored` is the new parameter as stored (rounded to
+// the parameter's dtype, then widened to the compute type): ax averages the
+// parameters the model held, as torch.optim.ASGD's `ax.add_(param.sub(ax)
+// .mul_(mu))` does. ax may be kept wider than the parameter (float32 for
+// fp16/bf16 parameters): its own rounding is then float32's, and a small
+// (p - ax) * mu still moves it.
+template <typename V, typename C>
+C10_HOST_DEVICE inline void asgd_average(V& ax, const V& p_stored, const C& c) {
   if (c.average) {
-    ax = add(ax, mul(sub(p, ax), c.mu));  // ax.add_(param.sub(ax).mul_(mu))
+    ax = add(ax, mul(sub(p_stored, ax), c.mu));  // ax.add_(param.sub(ax).mul_(mu))
   } else {
-    ax = p;                             // ax.copy_(param) when mu == 1
+    ax = p_stored;                      // ax.copy_(param) when mu == 1
   }
+}
+
+// Both halves, for a parameter stored in its compute type (fp32, fp64, and
+// complex as real pairs), where p as stored is p itself.
+template <typename V, typename C, typename MulAdd = SeparateMulAdd>
+C10_HOST_DEVICE inline void asgd_update(V& p, V& ax, V g, const C& c, MulAdd madd = {}) {
+  asgd_param(p, g, c, madd);
+  asgd_average(ax, p, c);
 }
 
 // The eta/mu schedule of torch.optim.ASGD, evaluated after `step` has been

@@ -69,8 +69,8 @@ void asgd_cpu_impl(const ASGDArgs& a) {
         slots.emplace_back(ScalarSlots{a.step_ptr(e.index), a.eta_ptr(e.index), a.mu_ptr(e.index)});
     const double eta = state_is_double ? load<double>(slot.eta) : load<float>(slot.eta);
     const double mu = state_is_double ? load<double>(slot.mu) : load<float>(slot.mu);
-    spans.push_back({e.dtype, e.p, e.ax, e.g, e.numel, eta, mu, a.lambd, a.weight_decay,
-                     a.maximize, unscale, inv_scale, clipped, clip});
+    spans.push_back({e.dtype, e.p, e.ax, e.ax_dtype, e.g, e.numel, eta, mu, a.lambd,
+                     a.weight_decay, a.maximize, unscale, inv_scale, clipped, clip});
     numels.push_back(e.numel);
   });
   if (a.found_inf.has_value() && read_cpu_scalar(*a.found_inf) != 0.0) {
@@ -81,7 +81,7 @@ void asgd_cpu_impl(const ASGDArgs& a) {
     cpu::ASGDSpan s = spans[ch.tensor];
     const int64_t offset = ch.begin * static_cast<int64_t>(c10::elementSize(s.dtype));
     s.p = static_cast<char*>(s.p) + offset;
-    s.ax = static_cast<char*>(s.ax) + offset;
+    s.ax = static_cast<char*>(s.ax) + ch.begin * static_cast<int64_t>(c10::elementSize(s.ax_dtype));
     s.g = static_cast<const char*>(s.g) + offset;
     s.n = ch.end - ch.begin;
     isa.asgd_span(s);

@@ -20,7 +20,8 @@ namespace cpu {
 struct ASGDSpan {
   at::ScalarType dtype;  // float, double, half or bfloat16 (complex as real)
   void* p;
-  void* ax;
+  void* ax;  // of ax_dtype: dtype, or float for half/bfloat16 (a float32 average)
+  at::ScalarType ax_dtype;
   const void* g;
   int64_t n;
   double eta, mu, lambd, weight_decay;

@@ -59,7 +59,9 @@ math::ASGDCoeffs<Vectorized<T>> broadcast(const math::ASGDCoeffs<T>& c) {
           c.clipped, c.has_weight_decay, c.average};
 }
 
-template <typename scalar_t>
+// ax_t: the average's storage, the parameter's dtype or float32 for fp16/bf16
+// parameters (a float32 average: elementwise_math.h, asgd_average).
+template <typename scalar_t, typename ax_t>
 void asgd_typed(const ASGDSpan& s) {
   using opmath_t = at::opmath_type<scalar_t>;
   const auto c = math::make_asgd_coeffs<opmath_t>(s.eta, s.mu, s.lambd, s.weight_decay,
@@ -67,7 +69,7 @@ void asgd_typed(const ASGDSpan& s) {
                                                   s.clipped, s.clip);
   const auto cv = broadcast(c);
   auto* p = static_cast<scalar_t*>(s.p);
-  auto* ax = static_cast<scalar_t*>(s.ax);
+  auto* ax = static_cast<ax_t*>(s.ax);
   const auto* g = static_cast<const scalar_t*>(s.g);
   using Vec = Vectorized<scalar_t>;
   int64_t i = 0;
@@ -81,28 +83,50 @@ void asgd_typed(const ASGDSpan& s) {
       vax.store(ax + i);
     }
   } else {
-    // fp16/bf16: compute in float32, round once on store.
+    // fp16/bf16: compute in float32, round the parameter once on store; the
+    // average moves toward the parameter as stored.
+    using FVec = Vectorized<float>;
     for (; i + Vec::size() <= s.n; i += Vec::size()) {
       auto [p0, p1] = at::vec::convert_to_float<scalar_t>(Vec::loadu(p + i));
-      auto [a0, a1] = at::vec::convert_to_float<scalar_t>(Vec::loadu(ax + i));
       auto [g0, g1] = at::vec::convert_to_float<scalar_t>(Vec::loadu(g + i));
-      math::asgd_update(p0, a0, g0, cv, IsaMulAdd{});
-      math::asgd_update(p1, a1, g1, cv, IsaMulAdd{});
-      at::vec::convert_from_float<scalar_t>(p0, p1).store(p + i);
-      at::vec::convert_from_float<scalar_t>(a0, a1).store(ax + i);
+      math::asgd_param(p0, g0, cv, IsaMulAdd{});
+      math::asgd_param(p1, g1, cv, IsaMulAdd{});
+      const Vec stored = at::vec::convert_from_float<scalar_t>(p0, p1);
+      stored.store(p + i);
+      auto [q0, q1] = at::vec::convert_to_float<scalar_t>(stored);
+      if constexpr (std::is_same_v<ax_t, float>) {
+        FVec a0 = FVec::loadu(ax + i), a1 = FVec::loadu(ax + i + FVec::size());
+        math::asgd_average(a0, q0, cv);
+        math::asgd_average(a1, q1, cv);
+        a0.store(ax + i);
+        a1.store(ax + i + FVec::size());
+      } else {
+        auto [a0, a1] = at::vec::convert_to_float<scalar_t>(Vec::loadu(ax + i));
+        math::asgd_average(a0, q0, cv);
+        math::asgd_average(a1, q1, cv);
+        at::vec::convert_from_float<scalar_t>(a0, a1).store(ax + i);
+      }
     }
   }
   for (; i < s.n; ++i) {
     opmath_t vp = static_cast<opmath_t>(p[i]), vax = static_cast<opmath_t>(ax[i]);
-    math::asgd_update(vp, vax, static_cast<opmath_t>(g[i]), c, IsaMulAdd{});
+    math::asgd_param(vp, static_cast<opmath_t>(g[i]), c, IsaMulAdd{});
     p[i] = static_cast<scalar_t>(vp);
-    ax[i] = static_cast<scalar_t>(vax);
+    math::asgd_average(vax, static_cast<opmath_t>(p[i]), c);
+    ax[i] = static_cast<ax_t>(vax);
   }
 }
 
 void asgd_span(const ASGDSpan& s) {
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, s.dtype, "asgd_cpu",
-                                  [&] { asgd_typed<scalar_t>(s); });
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, s.dtype, "asgd_cpu", [&] {
+    if constexpr (std::is_same_v<scalar_t, at::Half> || std::is_same_v<scalar_t, at::BFloat16>) {
+      if (s.ax_dtype == at::kFloat) {
+        asgd_typed<scalar_t, float>(s);
+        return;
+      }
+    }
+    asgd_typed<scalar_t, scalar_t>(s);
+  });
 }
 
 // x * 0 is 0 for finite x and NaN for inf/NaN, so a running sum of x * 0 is

@@ -58,7 +58,9 @@ using ASGDListMeta = MetaFor<6, L, sizeof(ASGDKernelArgs)>;
 template <ParamLayout L>
 using ASGDPackedMeta = MetaFor<3, L, sizeof(ASGDKernelArgs)>;
 
-template <typename scalar_t, typename Meta>
+// ax_t: the average's storage, scalar_t or float for fp16/bf16 parameters
+// (a float32 average: elementwise_math.h, asgd_average).
+template <typename scalar_t, typename ax_t, typename Meta>
 struct ASGDElementwise {
   static constexpr const char* kName = "asgd_ update";
   static constexpr bool kPacked = Meta::kDepth == 3;
@@ -94,19 +96,33 @@ struct ASGDElementwise {
         load_scalar(eta_p, args.state_is_double), load_scalar(mu_p, args.state_is_double),
         args.lambd, args.weight_decay, args.maximize, unscale, inv_scale, clipped,
         clipped ? load_scalar(args.clip_coef, args.clip_is_double) : 1.0);
-    scalar_t* const ptrs[3] = {static_cast<scalar_t*>(meta.ptrs[kP][bc.slot]) + bc.begin,
-                               static_cast<scalar_t*>(meta.ptrs[kAx][bc.slot]) + bc.begin,
-                               static_cast<scalar_t*>(meta.ptrs[kG][bc.slot]) + bc.begin};
-    chunk_loop(ctx, ptrs, bc.n, /*nstore=*/2, [&](scalar_t (&r)[3][kILP]) {
-      TORCHEXT_UNROLL
-      for (int ii = 0; ii < kILP; ++ii) {
-        opmath_t p = static_cast<opmath_t>(r[0][ii]);
-        opmath_t ax = static_cast<opmath_t>(r[1][ii]);
-        math::asgd_update(p, ax, static_cast<opmath_t>(r[2][ii]), c, math::FusedMulAdd{});
-        r[0][ii] = static_cast<scalar_t>(p);
-        r[1][ii] = static_cast<scalar_t>(ax);
-      }
-    });
+    // One element: the parameter, rounded to its dtype on store; the average
+    // moves toward the parameter as stored.
+    const auto update = [&](scalar_t& p_s, ax_t& ax_s, scalar_t g_s) {
+      opmath_t p = static_cast<opmath_t>(p_s);
+      math::asgd_param(p, static_cast<opmath_t>(g_s), c, math::FusedMulAdd{});
+      p_s = static_cast<scalar_t>(p);
+      opmath_t ax = static_cast<opmath_t>(ax_s);
+      math::asgd_average(ax, static_cast<opmath_t>(p_s), c);
+      ax_s = static_cast<ax_t>(ax);
+    };
+    scalar_t* const p = static_cast<scalar_t*>(meta.ptrs[kP][bc.slot]) + bc.begin;
+    ax_t* const ax = static_cast<ax_t*>(meta.ptrs[kAx][bc.slot]) + bc.begin;
+    scalar_t* const g = static_cast<scalar_t*>(meta.ptrs[kG][bc.slot]) + bc.begin;
+    if constexpr (std::is_same_v<ax_t, scalar_t>) {
+      scalar_t* const ptrs[3] = {p, ax, g};
+      chunk_loop(ctx, ptrs, bc.n, /*nstore=*/2, [&](scalar_t (&r)[3][kILP]) {
+        TORCHEXT_UNROLL
+        for (int ii = 0; ii < kILP; ++ii) update(r[0][ii], r[1][ii], r[2][ii]);
+      });
+    } else {
+      scalar_t* const ptrs[2] = {p, g};
+      chunk_loop_with(ctx, ptrs, ax, bc.n, /*nstore=*/1,
+                      [&](scalar_t (&r)[2][kILP], ax_t (&u)[kILP]) {
+                        TORCHEXT_UNROLL
+                        for (int ii = 0; ii < kILP; ++ii) update(r[0][ii], u[ii], r[1][ii]);
+                      });
+    }
   }
   static int64_t work(unsigned nblocks, unsigned, const Meta& meta, const ASGDKernelArgs&) {
     return elements_in_launch(meta, nblocks);
@@ -217,9 +233,10 @@ void asgd_launch(const ASGDArgs& a, Exec& exec) {
   kargs.maximize = a.maximize;
   kargs.state_is_double = state_dtype == at::kDouble;
 
-  // Entries grouped by (real) dtype: one launch series per group. Few dtypes
-  // ever occur, so a linear search beats a map.
-  std::vector<std::pair<at::ScalarType, std::vector<TensorEntry<6>>>> groups;
+  // Entries grouped by (real) dtype and the average's dtype: one launch
+  // series per group. Few pairs ever occur, so a linear search beats a map.
+  using GroupKey = std::pair<at::ScalarType, at::ScalarType>;
+  std::vector<std::pair<GroupKey, std::vector<TensorEntry<6>>>> groups;
   std::vector<DenseTriple> copies;  // written back after the launches
   int32_t nsteps = 0;  // entries that step (their schedule-table rows)
   for_each_checked_entry(a, *call, copies, [&](const ASGDFlatEntry& e) {
@@ -230,10 +247,11 @@ void asgd_launch(const ASGDArgs& a, Exec& exec) {
     entry.ptrs[kEta] = a.eta_ptr(e.index);
     entry.ptrs[kMu] = a.mu_ptr(e.index);
     entry.ptrs[kStep] = a.step_ptr(e.index);
+    const GroupKey key{e.dtype, e.ax_dtype};
     auto it = std::find_if(groups.begin(), groups.end(),
-                           [&](const auto& grp) { return grp.first == e.dtype; });
+                           [&](const auto& grp) { return grp.first == key; });
     if (it == groups.end()) {
-      groups.emplace_back(e.dtype, std::vector<TensorEntry<6>>{});
+      groups.emplace_back(key, std::vector<TensorEntry<6>>{});
       it = std::prev(groups.end());
       it->second.reserve(n);
     }
@@ -256,27 +274,37 @@ void asgd_launch(const ASGDArgs& a, Exec& exec) {
     kargs.schedule_table = static_cast<void**>(table.data_ptr());
   }
   const EmptyTensors empty = packed_direct ? EmptyTensors::kSkip : EmptyTensors::kOneBlock;
-  const auto series = [&](auto meta_tag, auto scalar_tag, const auto& entries) {
+  const auto series = [&](auto meta_tag, auto scalar_tag, auto ax_tag, const auto& entries) {
     using Meta = typename decltype(meta_tag)::type;
     using scalar_t = typename decltype(scalar_tag)::type;
+    using ax_t = typename decltype(ax_tag)::type;
     multi_tensor_apply<Meta>(entries, limits, empty, [&](const Meta& meta, int nblocks) {
-      exec.template launch<ASGDElementwise<scalar_t, Meta>>(static_cast<unsigned>(nblocks),
-                                                            limits.block_size, meta, kargs);
+      exec.template launch<ASGDElementwise<scalar_t, ax_t, Meta>>(
+          static_cast<unsigned>(nblocks), limits.block_size, meta, kargs);
     });
   };
-  with_param_layout<Exec::kLargeParams>(limits.layout, [&](auto layout) {
-    constexpr ParamLayout L = decltype(layout)::value;
-    for (auto& [dtype, entries] : groups) {
-      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "asgd_launch", [&] {
-        const TypeTag<scalar_t> scalar_tag{};
-        if (packed_direct) {
-          series(TypeTag<ASGDPackedMeta<L>>{}, scalar_tag, entries);
-        } else {
-          series(TypeTag<ASGDListMeta<L>>{}, scalar_tag, entries);
+  const auto by_layout = [&](auto scalar_tag, auto ax_tag, const auto& entries) {
+    with_param_layout<Exec::kLargeParams>(limits.layout, [&](auto layout) {
+      constexpr ParamLayout L = decltype(layout)::value;
+      if (packed_direct) {
+        series(TypeTag<ASGDPackedMeta<L>>{}, scalar_tag, ax_tag, entries);
+      } else {
+        series(TypeTag<ASGDListMeta<L>>{}, scalar_tag, ax_tag, entries);
+      }
+    });
+  };
+  for (auto& [key, entries] : groups) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, key.first, "asgd_launch", [&] {
+      if constexpr (std::is_same_v<scalar_t, at::Half> ||
+                    std::is_same_v<scalar_t, at::BFloat16>) {
+        if (key.second == at::kFloat) {  // a float32 average
+          by_layout(TypeTag<scalar_t>{}, TypeTag<float>{}, entries);
+          return;
         }
-      });
-    }
-  });
+      }
+      by_layout(TypeTag<scalar_t>{}, TypeTag<scalar_t>{}, entries);
+    });
+  }
   for (auto& d : copies) d.write_back();
 
   ScheduleArgs sargs{};

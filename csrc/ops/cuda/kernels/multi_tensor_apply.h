@@ -388,6 +388,70 @@ C10_HOST_DEVICE inline void chunk_loop(const ThreadCtx& ctx, T* const (&ptrs)[N]
   }
 }
 
+// chunk_loop with one more pointer of another element type U (a float32
+// average beside fp16/bf16 parameters): fn(r, u) computes in place on r as
+// chunk_loop's fn does and on u[0..kILP), the values of `extra`, which is
+// always stored back. The vector loop needs every pointer, `extra` included,
+// aligned to kILP of its own elements. (chunk_loop itself keeps its single
+// type: most bodies have one, and its loads then stay one type wide.)
+template <int N, typename T, typename U, typename Fn>
+C10_HOST_DEVICE inline void chunk_loop_with(const ThreadCtx& ctx, T* const (&ptrs)[N], U* extra,
+                                            int64_t n, int nstore, const Fn& fn) {
+  bool aligned = is_aligned(extra);
+  TORCHEXT_UNROLL
+  for (int k = 0; k < N; ++k) aligned = aligned && is_aligned(ptrs[k]);
+  int64_t tail = 0;
+  if (aligned) {
+    const int64_t nvec = n / kILP;
+    for (int64_t v = ctx.thread; v < nvec; v += ctx.nthreads) {
+      T r[N][kILP];
+      TORCHEXT_UNROLL
+      for (int k = 0; k < N; ++k) {
+        const AlignedVector<T> x = reinterpret_cast<const AlignedVector<T>*>(ptrs[k])[v];
+        TORCHEXT_UNROLL
+        for (int ii = 0; ii < kILP; ++ii) r[k][ii] = x.val[ii];
+      }
+      AlignedVector<U> u = reinterpret_cast<const AlignedVector<U>*>(extra)[v];
+      fn(r, u.val);
+      TORCHEXT_UNROLL
+      for (int k = 0; k < N; ++k) {
+        if (k < nstore) {
+          AlignedVector<T> x;
+          TORCHEXT_UNROLL
+          for (int ii = 0; ii < kILP; ++ii) x.val[ii] = r[k][ii];
+          reinterpret_cast<AlignedVector<T>*>(ptrs[k])[v] = x;
+        }
+      }
+      reinterpret_cast<AlignedVector<U>*>(extra)[v] = u;
+    }
+    tail = nvec * kILP;
+  }
+  const int64_t stride = static_cast<int64_t>(ctx.nthreads) * kILP;
+  for (int64_t base = tail; base < n; base += stride) {
+    T r[N][kILP];
+    U u[kILP];
+    TORCHEXT_UNROLL
+    for (int ii = 0; ii < kILP; ++ii) {
+      const int64_t i = base + ctx.thread + static_cast<int64_t>(ii) * ctx.nthreads;
+      TORCHEXT_UNROLL
+      for (int k = 0; k < N; ++k) r[k][ii] = i < n ? ptrs[k][i] : T{};
+      u[ii] = i < n ? extra[i] : U{};
+    }
+    fn(r, u);
+    TORCHEXT_UNROLL
+    for (int ii = 0; ii < kILP; ++ii) {
+      const int64_t i = base + ctx.thread + static_cast<int64_t>(ii) * ctx.nthreads;
+      if (i < n) {
+        TORCHEXT_UNROLL
+        for (int k = 0; k < N; ++k) {
+          if (k < nstore) ptrs[k][i] = r[k][ii];
+        }
+        extra[i] = u[ii];
+      }
+    }
+  }
+}
+
 // A per-tensor scalar stored as float32 or float64.
 C10_HOST_DEVICE inline double load_scalar(const void* p, bool is_double) {
   return is_double ? *static_cast<const double*>(p) : *static_cast<const float*>(p);
