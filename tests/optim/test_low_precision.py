@@ -134,7 +134,9 @@ def test_one_step_against_float64(fused):
         g = p.grad.double()
         opt.step()
         ref_p = (ref_p - 0.1 * g).to(torch.bfloat16).double()
-        assert torch.allclose(p.double(), ref_p, rtol=2 ** -7, atol=0)
+        # (one bf16 rounding of each; cancellation near zero: an absolute part)
+        assert torch.allclose(p.double(), ref_p, rtol=2 ** -7,
+                              atol=2 ** -8 * ref_p.abs().max().item())
         mu = 1.0 / max(1, k - 1)  # the previous step's mu (t0 = 0)
         ref_ax = ref_ax + (p.double() - ref_ax) * mu
         assert opt.state[p]["ax"].dtype == torch.float32

@@ -75,6 +75,8 @@ def check_hyperparams(h: dict[str, Any], where: str | None) -> None:
     A tensor lr must hold one floating-point element; its value is checked
     here when it is on the CPU, never read from a device (no sync); after
     that it is the user's, as in torch (a scheduler may write it)."""
+    if "average_dtype" in h:
+        check_average_dtype(h["average_dtype"], where)
     lr = h.get("lr")
     skip_value = ()
     if isinstance(lr, Tensor):
