@@ -59,11 +59,16 @@ def run_case(env, name):
         "fused SGD": lambda p: torch.optim.SGD(p, lr=1e-3, momentum=0.9, fused=True),
     }
     # Timed in turns, one step of each setup per round (see timeit_interleaved).
+    low = dtype in (torch.float16, torch.bfloat16)
+    if low:  # ax in the parameter's dtype: torch's layout, and torchext's before issue 47
+        factories["torchext, ax in param dtype"] = lambda p: torchext.optim.ASGD(
+            p, average_dtype=None, **kw)
     fns = {k: _stepper(env, f, n, size, dtype) for k, f in factories.items()}
     fns["torchext + GradScaler"] = _scaler_iteration(env, factories["torchext"], n, size, dtype)
     seconds = env.time_interleaved(fns)
     elem_bytes = torch.empty((), dtype=dtype).element_size()
-    moved = 5 * elem_bytes * n * size  # read p, g, ax; write p, ax
+    ax_bytes = 4 if low else elem_bytes  # a float32 average for fp16/bf16 parameters
+    moved = (3 * elem_bytes + 2 * ax_bytes) * n * size  # read p, g, ax; write p, ax
     return Result.from_seconds(NAME, name, seconds, bytes_moved=moved, env=env,
                                extra={"tensors": n, "numel": size, "dtype": str(dtype)})
 
@@ -86,5 +91,10 @@ def report(env, results):
                "vs torch foreach", "vs torch for-loop", "fused SGD ms", "vs fused SGD",
                "of bandwidth bound"], rows),
         "ratios > 1x: torchext is faster; each time is a whole opt.step() (with GradScaler: "
-        "scale + step + update). Bandwidth: 5 x element size x numel moved per step.",
+        "scale + step + update). Bandwidth: read p, g, ax and write p, ax per element "
+        "(ax float32 for fp16/bf16: 14 B/element for bf16).",
+        *[f"{r.case}: ax in the param's dtype (average_dtype=None) "
+          f"{r.ms['torchext, ax in param dtype']:.2f} ms, the float32 average "
+          f"{r.ms['torchext'] / r.ms['torchext, ax in param dtype']:.2f}x its time"
+          for r in results if "torchext, ax in param dtype" in r.ms],
     ])
