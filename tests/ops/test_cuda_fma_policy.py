@@ -89,9 +89,11 @@ def test_cuda_kernels_contract_nothing_on_their_own(tmp_path):
                               for f in ("asgd_cuda.cu", "amp_cuda.cu")))
     kernels = ["ASGDElementwise", "ScanBody", "UpdateScaleBody"]
     names, fused, separate = _compare(str(source), tmp_path, kernels)
-    # Per dtype (4): asgd_ with list and packed metadata, scan, each in both
-    # kernel-parameter layouts; and update_scale.
-    assert len(names) == 4 * 2 * 2 + 4 * 2 + 1, names
+    # asgd_ per (dtype, average dtype) (6: the 4 dtypes with an average of
+    # their own, fp16 and bf16 with a float32 one) with list and packed
+    # metadata, scan per dtype (4), each in both kernel-parameter layouts;
+    # and update_scale.
+    assert len(names) == 6 * 2 * 2 + 4 * 2 + 1, names
     for name in names:
         assert fused[name] == separate[name], f"nvcc contracted a multiply-add in {name}"
         body = fused[name]
@@ -99,7 +101,7 @@ def test_cuda_kernels_contract_nothing_on_their_own(tmp_path):
         # ptxas cannot contract it either.
         loose = re.findall(r"\b(?:add|sub|mul)\.f(?:32|64)\b", body)
         assert not loose, f"{name}: {loose[:3]}"
-    fp32 = [n for n in names if "ASGDElementwiseIf" in n]  # <float, metadata>
+    fp32 = [n for n in names if "ASGDElementwiseIff" in n]  # <float, float, metadata>
     assert len(fp32) == 4 and all("fma.rn.f32" in fused[n] for n in fp32), fp32
 
 
