@@ -36,8 +36,10 @@ def test_fused_flag_conflicts():
 def test_defaults_match_torch_plus_fused():
     ours = ASGD(small_model().parameters())
     ref = torch.optim.ASGD(small_model().parameters())
-    assert {k: v for k, v in ours.defaults.items() if k != "fused"} == ref.defaults
+    assert {k: v for k, v in ours.defaults.items()
+            if k not in ("fused", "average_dtype")} == ref.defaults
     assert ours.defaults["fused"] is None
+    assert ours.defaults["average_dtype"] == "float32"  # (a float32 average for fp16/bf16)
     assert isinstance(ours, torch.optim.Optimizer)
 
 

@@ -44,13 +44,22 @@ def _lr_value_readable(lr: Tensor) -> bool:
     return local.device.type == "cpu" and not local.is_meta
 
 
-def check_average_dtype(value: Any, where: str | None) -> None:
-    """``average_dtype``: ``torch.float32`` (a float32 average for fp16/bf16
-    parameters) or None (the parameter's dtype, torch's layout)."""
-    if value is not None and value != torch.float32:
-        raise ValueError(f"{where + ': ' if where else ''}average_dtype must be torch.float32 "
-                         f"(a float32 average for float16/bfloat16 parameters) or None (the "
-                         f"parameter's dtype), got {value!r}")
+#: What a param group holds for a float32 average: a plain string, since
+#: torch's distributed checkpoints (DCP) refuse a torch.dtype in param_groups.
+FLOAT32_AVERAGE = "float32"
+
+
+def normalize_average_dtype(value: Any, where: str | None) -> str | None:
+    """``average_dtype`` as a param group holds it: ``"float32"`` (a float32
+    average for fp16/bf16 parameters; ``torch.float32`` is accepted) or None
+    (the parameter's dtype, torch's layout); anything else is refused."""
+    if value is None:
+        return None
+    if value == torch.float32 or value == FLOAT32_AVERAGE:
+        return FLOAT32_AVERAGE
+    raise ValueError(f"{where + ': ' if where else ''}average_dtype must be torch.float32 "
+                     f"(a float32 average for float16/bfloat16 parameters) or None (the "
+                     f"parameter's dtype), got {value!r}")
 
 
 def average_dtype_of(p: Tensor, group: dict[str, Any]) -> torch.dtype:
@@ -59,8 +68,8 @@ def average_dtype_of(p: Tensor, group: dict[str, Any]) -> torch.dtype:
     parameter unless its group's ``average_dtype`` is None, else the
     parameter's dtype."""
     dtype = _dtensor.to_local(p).dtype
-    if dtype in (torch.float16, torch.bfloat16) and group.get("average_dtype",
-                                                              torch.float32) is not None:
+    if dtype in (torch.float16, torch.bfloat16) and group.get(
+            "average_dtype", FLOAT32_AVERAGE) is not None:
         return torch.float32
     return dtype
 
@@ -76,7 +85,7 @@ def check_hyperparams(h: dict[str, Any], where: str | None) -> None:
     here when it is on the CPU, never read from a device (no sync); after
     that it is the user's, as in torch (a scheduler may write it)."""
     if "average_dtype" in h:
-        check_average_dtype(h["average_dtype"], where)
+        normalize_average_dtype(h["average_dtype"], where)
     lr = h.get("lr")
     skip_value = ()
     if isinstance(lr, Tensor):

@@ -129,7 +129,8 @@ class ASGD(GroupsAlias, Optimizer):
 
         average_dtype (torch.dtype or None, keyword only): the dtype of the
             average ``ax`` of fp16/bf16 parameters. ``torch.float32``
-            (default): a float32 average, which keeps moving where one in
+            (default; param groups hold it as the string ``"float32"``,
+            which distributed checkpoints take): a float32 average, which keeps moving where one in
             the parameter's dtype freezes (an update below half an ulp of
             ``ax`` is lost: 36% off the true mean in bf16); 4 B/element
             instead of 2, and a bf16 step moves 14 B/element instead of 10.
@@ -176,7 +177,7 @@ class ASGD(GroupsAlias, Optimizer):
     ) -> None:
         _checkpoint.check_hyperparams(dict(lr=lr, lambd=lambd, alpha=alpha, t0=t0,
                                            weight_decay=weight_decay), where=None)
-        _checkpoint.check_average_dtype(average_dtype, where=None)
+        average_dtype = _checkpoint.normalize_average_dtype(average_dtype, where=None)
         F.check_flags(fused, differentiable, foreach)
         defaults = dict(lr=lr, lambd=lambd, alpha=alpha, t0=t0, weight_decay=weight_decay,
                         foreach=foreach, maximize=maximize, differentiable=differentiable,
@@ -566,6 +567,9 @@ class ASGD(GroupsAlias, Optimizer):
         if isinstance(param_group, dict) and "_gen" in self.__dict__:
             _checkpoint.check_hyperparams({**self.defaults, **param_group},
                                           where=f"param_groups[{len(self.param_groups)}]")
+            if "average_dtype" in param_group:
+                param_group = {**param_group, "average_dtype": _checkpoint.normalize_average_dtype(
+                    param_group["average_dtype"], None)}
         super().add_param_group(param_group)
         if "_gen" in self.__dict__:  # (torch's __init__ adds the first groups)
             own_containers(self, self._gen)
@@ -578,7 +582,7 @@ class ASGD(GroupsAlias, Optimizer):
             group.setdefault("differentiable", False)
             group.setdefault("capturable", False)
             group.setdefault("fused", None)
-            group.setdefault("average_dtype", torch.float32)
+            group.setdefault("average_dtype", _checkpoint.FLOAT32_AVERAGE)
         self._gen = Generation()
         self._slot_cache = None
         own_containers(self, self._gen)
