@@ -448,7 +448,56 @@ def _scenario_fsdp_fused_clip(rank, world, tmpdir):
     _assert_matches_reference(model, opt, scaler, ref_model, ref_opt, ref_scaler)
 
 
+def _scenario_bf16_reshard(rank, world, tmpdir):
+    """bf16 FSDP2 parameters: ax float32 (sharded), saved with DCP, loaded
+    into another sharding (a plain replicated model on every rank): ax stays
+    float32 and holds the same values; training then goes on alike."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    def fsdp_bf16():
+        mesh = init_device_mesh("cpu", (world,))
+        model = _model().to(torch.bfloat16)
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+
+    def step(model, opt, k, local):
+        x, y = _batch(k)
+        if local:
+            x, y = _local(x, rank, world), _local(y, rank, world)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x.bfloat16()).float(), y).backward()
+        opt.step()
+
+    path = os.path.join(tmpdir, "bf16")
+    model = fsdp_bf16()
+    opt = torchext.optim.ASGD(model.parameters(), **HP)
+    for k in range(4):
+        step(model, opt, k, local=True)
+    assert all(_full(opt.state[p]["ax"]).dtype == torch.float32 for p in model.parameters())
+    saved_ax = {n: _full(opt.state[p]["ax"]).clone() for n, p in model.named_parameters()}
+    dcp.save(_checkpoint_state(model, opt, torchext.amp.GradScaler(enabled=False)),
+             checkpoint_id=path)
+    # Resharded: a plain bf16 model on every rank (the full tensors).
+    plain = _model().to(torch.bfloat16)
+    popt = torchext.optim.ASGD(plain.parameters(), **HP)
+    state = _checkpoint_state(plain, popt, torchext.amp.GradScaler(enabled=False))
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(plain, popt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    for name, p in plain.named_parameters():
+        ax = popt.state[p]["ax"]
+        assert ax.dtype == torch.float32, (name, ax.dtype)
+        assert torch.equal(ax, saved_ax[name]), name
+    assert all(g["average_dtype"] == "float32" for g in popt.param_groups)
+
+
 SCENARIOS = {
+    "bf16_reshard": _scenario_bf16_reshard,
     "ddp": _scenario_ddp,
     "fsdp_fused_clip": _scenario_fsdp_fused_clip,
     "fsdp": _scenario_fsdp,
@@ -486,6 +535,10 @@ def test_checkpoint_resume_continues_identically(tmp_path):
     """torch.distributed.checkpoint of model + optimizer + scaler on 2 ranks
     (FSDP2 and DDP) resumes bit-for-bit."""
     _spawn("checkpoint", tmp_path)
+
+
+def test_bf16_fsdp2_checkpoint_resharded_keeps_the_float32_average(tmp_path):
+    _spawn("bf16_reshard", tmp_path)
 
 
 def test_example_trains_saves_and_resumes(tmp_path):
