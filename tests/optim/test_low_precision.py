@@ -294,3 +294,24 @@ def test_fp32_and_complex_keep_todays_layout_and_bits():
         b.step()
     for p, q in zip(ps, qs):
         assert torch.equal(p, q) and torch.equal(a.state[p]["ax"], b.state[q]["ax"])
+
+
+def test_the_block_under_a_compiled_eval_function():
+    """A torch.compile'd evaluation inside the block sees the rounded
+    averages, without recompiling (the same tensors), and after the block
+    the training values again, bit for bit."""
+    model, opt = _stepped()
+    x = torch.randn(8, 4).to(torch.bfloat16)
+    evaluate = torch.compile(lambda inp: model(inp), fullgraph=True)
+    before = evaluate(x)
+    averaged = copy.deepcopy(model)
+    with torch.no_grad():
+        for q, p in zip(averaged.parameters(), model.parameters()):
+            q.copy_(opt.state[p]["ax"])
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        with opt.averaged_parameters():
+            inside = evaluate(x)
+        after = evaluate(x)
+    assert torch.equal(after, before)
+    torch.testing.assert_close(inside, averaged(x), rtol=2 ** -7, atol=2 ** -7)
+    assert not torch.equal(inside, before)
