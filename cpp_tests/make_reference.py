@@ -46,6 +46,8 @@ Everything is produced by PyTorch itself at test time (nothing is committed):
                   run saved halfway (C++ continues it, resume_in_python.py
                   checks what C++ saved); lowp_py_optout_bfloat16.pt: the same
                   with average_dtype None in every group (ax narrows on load);
+                  lowp_bad_{dtype,str}.pt: torch.float64 and "float32" there
+                  (refused);
                   lowp_torch_bfloat16.pt: torch.optim.ASGD's bf16
                   checkpoint (bf16 ax), which loads widened to float32.
   corrupt/        tests/checkpoint_corruptions.py's table: each corrupted
@@ -791,6 +793,11 @@ def low_precision_reference(out):
                 for g in optout["param_groups"]:
                     g["average_dtype"] = None
                 torch.save(optout, os.path.join(out, f"lowp_py_optout_{name}.pt"))
+                # Refused by C++ (only torch.float32 or None): another dtype, a string.
+                for bad_name, bad in (("dtype", torch.float64), ("str", "float32")):
+                    bad_sd = copy.deepcopy(sd)
+                    bad_sd["param_groups"][1]["average_dtype"] = bad
+                    torch.save(bad_sd, os.path.join(out, f"lowp_bad_{bad_name}.pt"))
                 ref.update(flat_state(opt, params, f"{name}/half_"))
             run_steps(opt, params, grads, half, LP_STEPS)
             assert [opt.state[p]["ax"].dtype for p in params] == [torch.float32] * 2 + [dtype]

@@ -327,3 +327,25 @@ TEST(LowPrecision, PythonFormatRoundTripInCpp) {
   }
   std::remove(path.c_str());
 }
+
+// Only torch.float32 or None: another dtype, or a string, is refused whole.
+TEST(LowPrecision, BadAverageDtypeInAFileIsRefusedWhole) {
+  const auto ref = load_ref("lowp_ref.pt");
+  auto params = params_from(ref, "bfloat16/half_param");
+  auto opt = lp_asgd(params);
+  run(*opt, params, ref, "bfloat16", 0, 3);
+  std::vector<torch::Tensor> axs;
+  for (const auto& p : params) axs.push_back(state_of(*opt, p).ax().clone());
+  const auto before = clones(params);
+  for (const std::string bad : {"lowp_bad_dtype.pt", "lowp_bad_str.pt"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_THROW_MSG(torchext::load_state_dict(*opt, ref_path(bad)),
+                     "param_groups[1]['average_dtype'] must be torch.float32");
+    EXPECT_EQ(options_of(*opt, 0).lr(), 0.05);
+    EXPECT_EQ(options_of(*opt, 1).average_dtype(), std::nullopt);
+    for (size_t i = 0; i < params.size(); ++i) {
+      expect_identical(params[i].detach(), before[i], "param");
+      expect_identical(state_of(*opt, params[i]).ax(), axs[i], "ax");
+    }
+  }
+}
