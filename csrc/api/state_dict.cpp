@@ -15,13 +15,10 @@
 #include <torch/csrc/jit/serialization/unpickler.h>
 
 #include <algorithm>
-#include <cstring>
-#include <sstream>
-
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <functional>
-#include <iterator>
 #include <limits>
 #include <unordered_map>
 
@@ -116,9 +113,8 @@ std::vector<char> dtype_globals_to_strings(const char* data, size_t size) {
 // torch::jit::pickle_load (readArchiveAndTensors on the "data" archive), with
 // the dtype globals rewritten first (Note [torch dtypes in Python-format
 // checkpoints]).
-c10::IValue load_pickle(const std::vector<char>& bytes) {
-  std::istringstream stream(std::string(bytes.begin(), bytes.end()));
-  caffe2::serialize::PyTorchStreamReader reader(&stream);
+c10::IValue load_pickle(std::istream& in) {
+  caffe2::serialize::PyTorchStreamReader reader(&in);  // reads the records it is asked for
   auto [pickle_ptr, pickle_size] = reader.getRecord("data.pkl");
   const auto pickled =
       dtype_globals_to_strings(static_cast<const char*>(pickle_ptr.get()), pickle_size);
@@ -168,11 +164,9 @@ void write_file(const c10::IValue& value, const std::string& path, const char* w
 GenericDict read_dict(const std::string& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK(in.good(), what, ": cannot open '", path, "'");
-  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
-                                std::istreambuf_iterator<char>());
   c10::IValue value;
   try {
-    value = load_pickle(bytes);
+    value = load_pickle(in);
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, what, ": '", path, "' is not a readable torch.save file (truncated or ",
                 "corrupt?): ", e.what_without_backtrace());
