@@ -42,7 +42,11 @@ GenericDict str_dict() { return GenericDict(c10::StringType::get(), c10::AnyType
 // dtype as a marker string (dtype_marker) that it rewrites into the global
 // after pickling. Both pickles are protocol 2: no frames, no offsets, so the
 // rewrite is local; a memo entry (BINPUT after the value, BINGET for the
-// next use) then holds the dtype or the string, as it held the other.
+// next use) then holds the dtype or the string, as it held the other. It is
+// a byte-pattern rewrite, not a pickle parser: a string value holding the
+// bytes of such a global (or of the marker) would be rewritten too, and a
+// genuine string "torch.float32" reads as the dtype. The pickle holds no
+// tensor data (those are separate records), only keys and small values.
 constexpr const char* kDtypeNames[] = {
     "float32", "float64", "float16", "bfloat16", "complex64", "complex128", "uint8",
     "int8", "int16", "int32", "int64", "bool"};
@@ -148,14 +152,14 @@ void write_file(const c10::IValue& value, const std::string& path, const char* w
   pickler.pushIValue(value);
   pickler.stop();
   // The dtypes as Python's globals (Note [torch dtypes in Python-format checkpoints]).
-  const auto data = markers_to_globals(pickled);
+  const auto final_pickle = markers_to_globals(pickled);
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   TORCH_CHECK(out.good(), what, ": cannot open '", path, "' for writing");
   caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
     out.write(static_cast<const char*>(data), static_cast<std::streamsize>(size));
     return size;
   });
-  torch::jit::writeArchiveAndTensors("data", data.data(), data.size(),
+  torch::jit::writeArchiveAndTensors("data", final_pickle.data(), final_pickle.size(),
                                      pickler.tensorData(), writer);
   writer.writeEndOfFile();
   TORCH_CHECK(out.good(), what, ": writing '", path, "' failed");
