@@ -10,6 +10,7 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <cstdio>
+#include <functional>
 #include <sstream>
 
 using torchext::optim::ASGD;
@@ -348,4 +349,35 @@ TEST(LowPrecision, BadAverageDtypeInAFileIsRefusedWhole) {
       expect_identical(state_of(*opt, params[i]).ax(), axs[i], "ax");
     }
   }
+}
+
+// ASGDOptions in LibTorch's archive: an archive from before the option reads
+// as the default (kFloat), None as nullopt, another dtype is refused.
+TEST(LowPrecision, LibTorchOptionsArchiveOldNoneAndBad) {
+  using Fill = std::function<void(torch::serialize::OutputArchive&)>;
+  auto read_back = [](const Fill& fill) {
+    torch::serialize::OutputArchive out;
+    for (const char* key : {"lr", "lambd", "alpha", "t0", "weight_decay"}) {
+      out.write(key, c10::IValue(0.1));
+    }
+    out.write("maximize", c10::IValue(false));
+    out.write("capturable", c10::IValue(false));
+    fill(out);
+    std::stringstream buf;
+    out.save_to(buf);
+    torch::serialize::InputArchive in;
+    in.load_from(buf);
+    ASGDOptions o(0.3);
+    o.average_dtype(at::kBFloat16);  // (not valid: must be overwritten)
+    o.serialize(in);
+    return o;
+  };
+  EXPECT_EQ(read_back([](auto&) {}).average_dtype(), std::optional<at::ScalarType>(at::kFloat));
+  EXPECT_EQ(read_back([](auto& out) { out.write("average_dtype", c10::IValue()); }).average_dtype(),
+            std::nullopt);
+  EXPECT_THROW_MSG(read_back([](auto& out) {
+                     out.write("average_dtype",
+                               c10::IValue(static_cast<int64_t>(at::kDouble)));
+                   }),
+                   "'average_dtype' must be float32");
 }
