@@ -46,8 +46,9 @@ Everything is produced by PyTorch itself at test time (nothing is committed):
                   run saved halfway (C++ continues it, resume_in_python.py
                   checks what C++ saved); lowp_py_optout_bfloat16.pt: the same
                   with average_dtype None in every group (ax narrows on load);
-                  lowp_bad_{dtype,str}.pt: torch.float64 and "float32" there
-                  (refused);
+                  lowp_py_dtype_bfloat16.pt: average_dtype torch.float32
+                  instead of "float32"; lowp_bad_{dtype,str}.pt: torch.float64
+                  and "float64" there (refused);
                   lowp_torch_bfloat16.pt: torch.optim.ASGD's bf16
                   checkpoint (bf16 ax), which loads widened to float32.
   corrupt/        tests/checkpoint_corruptions.py's table: each corrupted
@@ -793,8 +794,16 @@ def low_precision_reference(out):
                 for g in optout["param_groups"]:
                     g["average_dtype"] = None
                 torch.save(optout, os.path.join(out, f"lowp_py_optout_{name}.pt"))
-                # Refused by C++ (only torch.float32 or None): another dtype, a string.
-                for bad_name, bad in (("dtype", torch.float64), ("str", "float32")):
+                # As the first version of Python wrote it: torch.float32 (a
+                # pickled global, which C++ rewrites before unpickling).
+                as_dtype = copy.deepcopy(sd)
+                for g in as_dtype["param_groups"]:
+                    if g["average_dtype"] is not None:
+                        g["average_dtype"] = torch.float32
+                torch.save(as_dtype, os.path.join(out, f"lowp_py_dtype_{name}.pt"))
+                # Refused (only "float32", torch.float32 or None): another
+                # dtype, another string.
+                for bad_name, bad in (("dtype", torch.float64), ("str", "float64")):
                     bad_sd = copy.deepcopy(sd)
                     bad_sd["param_groups"][1]["average_dtype"] = bad
                     torch.save(bad_sd, os.path.join(out, f"lowp_bad_{bad_name}.pt"))

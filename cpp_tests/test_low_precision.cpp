@@ -240,29 +240,33 @@ TEST(LowPrecision, LibTorchArchiveKeepsFloat32AxAndTheOption) {
   expect_state(*copy, params, ref, "bfloat16/fused/");
 }
 
-// Python's bf16 checkpoint (average_dtype torch.float32 and None in its
-// groups): C++ continues it bit for bit and saves it back
+// Python's bf16 checkpoint (average_dtype "float32" and None in its groups;
+// also with torch.float32, a pickled global, as Python's first version
+// wrote it): C++ continues it bit for bit and saves it back
 // (resume_in_python.py loads that).
 TEST(LowPrecision, PythonCheckpointContinuesBitForBit) {
   const auto ref = load_ref("lowp_ref.pt");
-  auto params = params_from(ref, "bfloat16/half_param");
-  auto opt = other_asgd(params);
-  torchext::load_state_dict(*opt, ref_path("lowp_py_bfloat16.pt"));
-  EXPECT_EQ(options_of(*opt, 0).average_dtype(), std::optional<at::ScalarType>(at::kFloat));
-  EXPECT_EQ(options_of(*opt, 1).average_dtype(), std::nullopt);
-  EXPECT_EQ(options_of(*opt, 0).lr(), 0.05);
-  expect_state(*opt, params, ref, "bfloat16/half_");
-  const int64_t steps = R(ref, "steps").item<int64_t>();
-  run(*opt, params, ref, "bfloat16", steps / 2, steps);
-  expect_state(*opt, params, ref, "bfloat16/fused/");
-  torchext::save_state_dict(*opt, ref_path("lowp_cpp_bfloat16.pt"));
-  save_tensors(params, ref_path("lowp_cpp_params_bfloat16.pt"));
-  // And back into C++: float32 ax exactly, the option kept.
-  auto again = other_asgd(params);
-  torchext::load_state_dict(*again, ref_path("lowp_cpp_bfloat16.pt"));
-  EXPECT_EQ(options_of(*again, 0).average_dtype(), std::optional<at::ScalarType>(at::kFloat));
-  EXPECT_EQ(options_of(*again, 1).average_dtype(), std::nullopt);
-  expect_state(*again, params, ref, "bfloat16/fused/");
+  for (const std::string file : {"lowp_py_dtype_bfloat16.pt", "lowp_py_bfloat16.pt"}) {
+    SCOPED_TRACE(file);
+    auto params = params_from(ref, "bfloat16/half_param");
+    auto opt = other_asgd(params);
+    torchext::load_state_dict(*opt, ref_path(file));
+    EXPECT_EQ(options_of(*opt, 0).average_dtype(), std::optional<at::ScalarType>(at::kFloat));
+    EXPECT_EQ(options_of(*opt, 1).average_dtype(), std::nullopt);
+    EXPECT_EQ(options_of(*opt, 0).lr(), 0.05);
+    expect_state(*opt, params, ref, "bfloat16/half_");
+    const int64_t steps = R(ref, "steps").item<int64_t>();
+    run(*opt, params, ref, "bfloat16", steps / 2, steps);
+    expect_state(*opt, params, ref, "bfloat16/fused/");
+    torchext::save_state_dict(*opt, ref_path("lowp_cpp_bfloat16.pt"));
+    save_tensors(params, ref_path("lowp_cpp_params_bfloat16.pt"));
+    // And back into C++: float32 ax exactly, the option kept.
+    auto again = other_asgd(params);
+    torchext::load_state_dict(*again, ref_path("lowp_cpp_bfloat16.pt"));
+    EXPECT_EQ(options_of(*again, 0).average_dtype(), std::optional<at::ScalarType>(at::kFloat));
+    EXPECT_EQ(options_of(*again, 1).average_dtype(), std::nullopt);
+    expect_state(*again, params, ref, "bfloat16/fused/");
+  }
 }
 
 // torch.optim.ASGD's bf16 checkpoint: no average_dtype (the default applies)
@@ -341,7 +345,7 @@ TEST(LowPrecision, BadAverageDtypeInAFileIsRefusedWhole) {
   for (const std::string bad : {"lowp_bad_dtype.pt", "lowp_bad_str.pt"}) {
     SCOPED_TRACE(bad);
     EXPECT_THROW_MSG(torchext::load_state_dict(*opt, ref_path(bad)),
-                     "param_groups[1]['average_dtype'] must be torch.float32");
+                     "param_groups[1]['average_dtype']: average_dtype must be torch.float32");
     EXPECT_EQ(options_of(*opt, 0).lr(), 0.05);
     EXPECT_EQ(options_of(*opt, 1).average_dtype(), std::nullopt);
     for (size_t i = 0; i < params.size(); ++i) {

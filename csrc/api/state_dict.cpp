@@ -33,60 +33,30 @@ using GenericDict = c10::impl::GenericDict;
 GenericDict str_dict() { return GenericDict(c10::StringType::get(), c10::AnyType::get()); }
 
 // Note [torch dtypes in Python-format checkpoints]
-// Python's ASGD groups hold `average_dtype`, a torch.dtype (torch.float32) or
-// None. Python pickles a dtype as the global torch.<name>: the opcode GLOBAL
-// ('c') "torch\n<name>\n" (torch.save's protocol 2), which the TorchScript
-// unpickler refuses ("unknown torch global") and its pickler cannot write.
-// So read_dict rewrites each such global of a dtype name into the string
-// "torch.<name>" (BINUNICODE) before unpickling, and write_file writes a
-// dtype as a marker string (dtype_marker) that it rewrites into the global
-// after pickling. Both pickles are protocol 2: no frames, no offsets, so the
-// rewrite is local; a memo entry (BINPUT after the value, BINGET for the
-// next use) then holds the dtype or the string, as it held the other. It is
-// a byte-pattern rewrite, not a pickle parser: a string value holding the
-// bytes of such a global (or of the marker) would be rewritten too, and a
-// genuine string "torch.float32" reads as the dtype. The pickle holds no
-// tensor data (those are separate records), only keys and small values.
+// Python's ASGD groups hold `average_dtype` as the string "float32" or None
+// (torchext/optim/_checkpoint.py FLOAT32_AVERAGE: torch's distributed
+// checkpoints refuse a torch.dtype in param_groups), which save_state_dict
+// writes too. A group may still hold torch.float32 (Python accepts it, and
+// its first version wrote it). Python pickles a dtype as the global
+// torch.<name>: the opcode GLOBAL ('c') "torch\n<name>\n" (torch.save's
+// protocol 2), which the TorchScript unpickler refuses ("unknown torch
+// global"). So read_dict rewrites each such global of a dtype name into the
+// string "torch.<name>" (BINUNICODE) before unpickling. The pickle is
+// protocol 2: no frames, no offsets, so the rewrite is local; a memo entry
+// (BINPUT after the value, BINGET for the next use) then holds the string as
+// it held the dtype. It is a byte-pattern rewrite, not a pickle parser: a
+// string value holding the bytes of such a global would be rewritten too,
+// and a genuine string "torch.float32" reads as the dtype. The pickle holds
+// no tensor data (those are separate records), only keys and small values.
 constexpr const char* kDtypeNames[] = {
     "float32", "float64", "float16", "bfloat16", "complex64", "complex128", "uint8",
     "int8", "int16", "int32", "int64", "bool"};
-constexpr char kMarkerPrefix[] = "\x01torchext.dtype:";
 
 void append_binunicode(std::vector<char>& out, const std::string& s) {
   out.push_back('X');  // BINUNICODE: a 4-byte little-endian length, then the bytes
   const auto n = static_cast<uint32_t>(s.size());
   for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
   out.insert(out.end(), s.begin(), s.end());
-}
-
-// What save_state_dict writes for torch.<name> (name a kDtypeNames entry).
-std::string dtype_marker(const std::string& name) { return kMarkerPrefix + name; }
-
-// write_file: each marker string -> the global torch.<name>.
-std::vector<char> markers_to_globals(const std::vector<char>& in) {
-  std::vector<std::pair<const char*, std::vector<char>>> patterns;
-  for (const char* name : kDtypeNames) {
-    patterns.emplace_back(name, std::vector<char>());
-    append_binunicode(patterns.back().second, dtype_marker(name));
-  }
-  std::vector<char> out;
-  out.reserve(in.size());
-  size_t i = 0;
-  while (i < in.size()) {
-    bool done = false;
-    for (const auto& [name, pattern] : patterns) {
-      if (in.size() - i >= pattern.size() &&
-          std::equal(pattern.begin(), pattern.end(), in.begin() + static_cast<ptrdiff_t>(i))) {
-        const std::string global = std::string("ctorch\n") + name + "\n";
-        out.insert(out.end(), global.begin(), global.end());
-        i += pattern.size();
-        done = true;
-        break;
-      }
-    }
-    if (!done) out.push_back(in[i++]);
-  }
-  return out;
 }
 
 // read_dict: each global torch.<dtype name> -> the string "torch.<name>".
@@ -151,15 +121,13 @@ void write_file(const c10::IValue& value, const std::string& path, const char* w
   pickler.protocol();
   pickler.pushIValue(value);
   pickler.stop();
-  // The dtypes as Python's globals (Note [torch dtypes in Python-format checkpoints]).
-  const auto final_pickle = markers_to_globals(pickled);
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   TORCH_CHECK(out.good(), what, ": cannot open '", path, "' for writing");
   caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
     out.write(static_cast<const char*>(data), static_cast<std::streamsize>(size));
     return size;
   });
-  torch::jit::writeArchiveAndTensors("data", final_pickle.data(), final_pickle.size(),
+  torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(),
                                      pickler.tensorData(), writer);
   writer.writeEndOfFile();
   TORCH_CHECK(out.good(), what, ": writing '", path, "' failed");
@@ -290,19 +258,23 @@ ASGDOptions group_options(const GenericDict& g, const std::string& where,
     check_option(where, "t0_per_param", [&](ASGDOptions& x) { x.t0_per_param(values); });
     o.t0_per_param(values);
   }
-  // torch.float32 (read as the string "torch.float32", Note [torch dtypes in
-  // Python-format checkpoints]) or None; absent (torch's checkpoint, an old
-  // torchext one): the default, float32, as Python's __setstate__.
+  // Python's normalize_average_dtype: "float32" or torch.float32 (read as
+  // the string "torch.float32", Note [torch dtypes in Python-format
+  // checkpoints]), or None; absent (torch's checkpoint, an older torchext
+  // one): the default, float32, as Python's __setstate__.
   const auto* avg = find(g, "average_dtype");
   if (avg == nullptr) {
     o.average_dtype(at::kFloat);
   } else if (avg->isNone()) {
     o.average_dtype(std::nullopt);
   } else {
-    TORCH_CHECK_VALUE(avg->isString() && avg->toStringRef() == "torch.float32", where,
-                      "['average_dtype'] must be torch.float32 (a float32 average for "
-                      "float16/bfloat16 parameters) or None (the parameter's dtype), got ",
-                      avg->isString() ? avg->toStringRef() : std::string(avg->tagKind()));
+    TORCH_CHECK_VALUE(avg->isString() && (avg->toStringRef() == "float32" ||
+                                          avg->toStringRef() == "torch.float32"),
+                      where, "['average_dtype']: average_dtype must be torch.float32 (a float32 "
+                      "average for float16/bfloat16 parameters) or None (the parameter's "
+                      "dtype), got ",
+                      avg->isString() ? c10::str("'", avg->toStringRef(), "'")
+                                      : std::string(avg->tagKind()));
     o.average_dtype(at::kFloat);
   }
   return o;
@@ -355,8 +327,9 @@ void save_state_dict(const ASGD& optimizer, const std::string& path) {
     g.insert("differentiable", false);
     g.insert("capturable", o.capturable());
     g.insert("fused", o.fused().has_value() ? c10::IValue(*o.fused()) : c10::IValue());
-    // torch.float32 or None, as Python's (Note [torch dtypes in Python-format checkpoints]).
-    g.insert("average_dtype", o.average_dtype().has_value() ? c10::IValue(dtype_marker("float32"))
+    // "float32" or None, as Python's groups hold it (Note [torch dtypes in
+    // Python-format checkpoints]).
+    g.insert("average_dtype", o.average_dtype().has_value() ? c10::IValue("float32")
                                                             : c10::IValue());
     if (!o.t0_per_param().empty()) {  // Python's key (start_averaging)
       c10::impl::GenericList t0s(c10::AnyType::get());
