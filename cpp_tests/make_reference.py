@@ -39,6 +39,18 @@ Everything is produced by PyTorch itself at test time (nothing is committed):
   split_ref.pt    ASGD's split of a group into op calls, one per device and
                   t0 (the slot groups Python builds), in Python's order: the
                   C++ split (index_by_device_and_t0) must give the same.
+  lowp_ref.pt     torchext.optim.ASGD on bf16 and fp16 params (fused and
+                  fused=False): a float32 ax (average_dtype default) in group 0,
+                  the param's dtype (average_dtype=None) in group 1; the C++
+                  replay must match bit for bit. lowp_py_bfloat16.pt: its bf16
+                  run saved halfway (C++ continues it, resume_in_python.py
+                  checks what C++ saved); lowp_py_optout_bfloat16.pt: the same
+                  with average_dtype None in every group (ax narrows on load);
+                  lowp_py_dtype_bfloat16.pt: average_dtype torch.float32
+                  instead of "float32"; lowp_bad_{dtype,str}.pt: torch.float64
+                  and "float64" there (refused);
+                  lowp_torch_bfloat16.pt: torch.optim.ASGD's bf16
+                  checkpoint (bf16 ax), which loads widened to float32.
   corrupt/        tests/checkpoint_corruptions.py's table: each corrupted
                   state dict (torch.save), the good ones, and index.txt.
 Files are torch.save'd dicts of tensors; C++ reads them with torch::pickle_load.
@@ -742,6 +754,85 @@ def unfused_reference(out):
         f.write("\n".join(names) + "\n")
 
 
+# ---- a float32 average for fp16/bf16 parameters (issue 47) -----------------
+LP_STEPS = 40  # the C++ side continues the saved run from LP_STEPS // 2
+LP_SHAPES = [(5, 4), (4,), (3, 2, 2)]
+# Group 0: the default average_dtype (float32 ax); group 1 opted out (ax in
+# the param's dtype). test_low_precision.cpp builds the same options (lp_groups).
+LP_GROUPS = [dict(idx=(0, 1), lr=0.05, lambd=1e-3, alpha=0.75, t0=3.0, weight_decay=1e-2),
+             dict(idx=(2,), lr=0.02, lambd=1e-4, alpha=0.75, t0=0.0, weight_decay=0.0,
+                  average_dtype=None)]
+
+
+def lp_asgd(cls, params, **kw):
+    return cls([dict(params=[params[i] for i in g["idx"]],
+                     **{k: v for k, v in g.items() if k != "idx"}) for g in LP_GROUPS], **kw)
+
+
+def low_precision_reference(out):
+    from torchext.optim import ASGD as TorchextASGD
+    gen = torch.Generator().manual_seed(47)
+    ref = {"steps": torch.tensor(LP_STEPS)}
+    half = LP_STEPS // 2
+    for dtype in (torch.bfloat16, torch.float16):
+        name = str(dtype).split(".")[-1]
+        init = [torch.randn(s, generator=gen, dtype=torch.float64).to(dtype) for s in LP_SHAPES]
+        grads = [torch.randn((LP_STEPS,) + s, generator=gen, dtype=torch.float64).to(dtype)
+                 for s in LP_SHAPES]
+        ref.update({f"{name}/init{i}": t for i, t in enumerate(init)})
+        ref.update({f"{name}/grads{i}": g for i, g in enumerate(grads)})
+        for fused in (True, False):
+            pre = f"{name}/{'fused' if fused else 'unfused'}/"
+            params = [t.clone().requires_grad_() for t in init]
+            opt = lp_asgd(TorchextASGD, params, fused=fused)
+            run_steps(opt, params, grads, 0, half)
+            if fused and dtype == torch.bfloat16:
+                sd = opt.state_dict()
+                torch.save(sd, os.path.join(out, f"lowp_py_{name}.pt"))
+                # Opted out in the file, float32 ax saved: narrows to bf16 on load.
+                optout = copy.deepcopy(sd)
+                for g in optout["param_groups"]:
+                    g["average_dtype"] = None
+                torch.save(optout, os.path.join(out, f"lowp_py_optout_{name}.pt"))
+                # As the first version of Python wrote it: torch.float32 (a
+                # pickled global, which C++ rewrites before unpickling).
+                as_dtype = copy.deepcopy(sd)
+                for g in as_dtype["param_groups"]:
+                    if g["average_dtype"] is not None:
+                        g["average_dtype"] = torch.float32
+                torch.save(as_dtype, os.path.join(out, f"lowp_py_dtype_{name}.pt"))
+                # Refused (only "float32", torch.float32 or None): another
+                # dtype, another string.
+                for bad_name, bad in (("dtype", torch.float64), ("str", "float64")):
+                    bad_sd = copy.deepcopy(sd)
+                    bad_sd["param_groups"][1]["average_dtype"] = bad
+                    torch.save(bad_sd, os.path.join(out, f"lowp_bad_{bad_name}.pt"))
+                ref.update(flat_state(opt, params, f"{name}/half_"))
+            run_steps(opt, params, grads, half, LP_STEPS)
+            assert [opt.state[p]["ax"].dtype for p in params] == [torch.float32] * 2 + [dtype]
+            ref.update(flat_state(opt, params, pre))
+    # torch.optim.ASGD's bf16 checkpoint (ax in bf16), and torchext continuing it.
+    name = "bfloat16"
+    init = [ref[f"{name}/init{i}"] for i in range(3)]
+    grads = [ref[f"{name}/grads{i}"] for i in range(3)]
+    params = [t.clone().requires_grad_() for t in init]
+    topt = torch.optim.ASGD([dict(params=[params[i] for i in g["idx"]],
+                                  **{k: v for k, v in g.items()
+                                     if k not in ("idx", "average_dtype")})
+                             for g in LP_GROUPS], foreach=False)
+    run_steps(topt, params, grads, 0, half)
+    sd = topt.state_dict()
+    assert all(st["ax"].dtype == torch.bfloat16 for st in sd["state"].values())
+    torch.save(sd, os.path.join(out, f"lowp_torch_{name}.pt"))
+    ref.update(flat_state(topt, params, "torch_half_"))
+    opt = TorchextASGD([dict(params=[params[i] for i in g["idx"]]) for g in LP_GROUPS])
+    opt.load_state_dict(copy.deepcopy(sd))  # no average_dtype in torch's: float32 for all
+    assert all(opt.state[p]["ax"].dtype == torch.float32 for p in params)
+    run_steps(opt, params, grads, half, LP_STEPS)
+    ref.update(flat_state(opt, params, "torch_cont_"))
+    torch.save(ref, os.path.join(out, "lowp_ref.pt"))
+
+
 # ---- corrupted checkpoints (tests/checkpoint_corruptions.py) ---------------
 
 def corrupt_reference(out):
@@ -812,6 +903,7 @@ def main(argv):
     amp_protocol_reference(out)
     clip_reference(out)
     unfused_reference(out)
+    low_precision_reference(out)
     split_reference(out)
     update_scale_reference(out)
     corrupt_reference(out)

@@ -110,12 +110,33 @@ def check_tensor_lr(ref_dir):
     print("resume_in_python: tensor lr saved by C++ loads as a tensor")
 
 
+def check_low_precision(ref_dir):
+    """The bf16 run C++ continued and saved (test_low_precision.cpp): its
+    groups' average_dtype ("float32" and None, as Python's groups hold them)
+    and the float32 ax load unchanged into torchext.optim.ASGD."""
+    ref = load(ref_dir, "lowp_ref.pt")
+    sd = load(ref_dir, "lowp_cpp_bfloat16.pt")
+    assert [g["average_dtype"] for g in sd["param_groups"]] == ["float32", None], sd
+    cpp_params = load_params(ref_dir, "lowp_cpp_params_bfloat16.pt")
+    params = [cpp_params[f"param{i}"].clone().requires_grad_() for i in range(3)]
+    opt = TorchextASGD([dict(params=params[:2]), dict(params=params[2:])], lr=0.5)
+    opt.load_state_dict(sd)
+    assert [g["average_dtype"] is None for g in opt.param_groups] == [False, True]
+    for i, p in enumerate(params):
+        for key in ("param", "ax", "step", "eta", "mu"):
+            got = p.detach() if key == "param" else opt.state[p][key]
+            want = ref[f"bfloat16/fused/{key}{i}"]
+            assert got.dtype == want.dtype and torch.equal(got, want), ("lowp", key, i, got, want)
+    print("resume_in_python: bf16 with a float32 ax saved by C++ loads bit for bit")
+
+
 def main(ref_dir):
     check_asgd(ref_dir, torch.float32)
     check_asgd(ref_dir, torch.float64)
     check_scaler(ref_dir)
     check_t0_per_param(ref_dir)
     check_tensor_lr(ref_dir)
+    check_low_precision(ref_dir)
 
 
 if __name__ == "__main__":

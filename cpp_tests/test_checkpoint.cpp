@@ -83,6 +83,8 @@ std::vector<torch::Tensor> snapshot(const ASGD& opt, const std::vector<torch::Te
                                  static_cast<double>(o.maximize()),
                                  static_cast<double>(o.capturable()),
                                  o.fused().has_value() ? static_cast<double>(*o.fused()) : -1.0,
+                                 o.average_dtype().has_value()
+                                     ? static_cast<double>(*o.average_dtype()) : -1.0,
                                  static_cast<double>(g.params().size())},
                                 torch::kDouble));
     out.push_back(torch::tensor(o.t0_per_param(), torch::kDouble));

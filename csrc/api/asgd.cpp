@@ -152,7 +152,7 @@ std::unique_ptr<ASGDParamState> initial_state(const at::Tensor& p, const ASGDOpt
   st->eta(o.has_tensor_lr() ? o.lr_tensor().detach().to(opts, false, /*copy=*/true).reshape({})
                             : at::full({}, o.lr(), opts));
   st->mu(at::ones({}, opts));
-  st->ax(at::zeros_like(p, at::MemoryFormat::Preserve));
+  st->ax(at::zeros_like(p, p.options().dtype(o.average_dtype_for(p)), at::MemoryFormat::Preserve));
   return st;
 }
 
@@ -191,7 +191,8 @@ void check_loaded_state(const ASGDParamState& st, const at::Tensor& p, const std
   }
 }
 
-void adopt_loaded_state(ASGDParamState& st, const at::Tensor& p, const std::string& where) {
+void adopt_loaded_state(ASGDParamState& st, const at::Tensor& p, const ASGDOptions& o,
+                        const std::string& where) {
   check_loaded_state(st, p, where);
   const auto sdtype = scalar_state_dtype();
   auto scalar = [&](const at::Tensor& t) {
@@ -200,7 +201,10 @@ void adopt_loaded_state(ASGDParamState& st, const at::Tensor& p, const std::stri
     return t.detach().to(p.device(), dt, /*non_blocking=*/false, /*copy=*/true).reshape({});
   };
   auto step = scalar(st.step()), eta = scalar(st.eta()), mu = scalar(st.mu());
-  st.ax(st.ax().detach().to(p.device(), p.scalar_type(), false, /*copy=*/true));
+  // By the rule (average_dtype_for), whatever dtype was saved: a bf16 ax
+  // (torch's checkpoint, an old torchext one) widens to float32, a float32
+  // one narrows where the group opted out (average_dtype nullopt).
+  st.ax(st.ax().detach().to(p.device(), o.average_dtype_for(p), false, /*copy=*/true));
   st.step(step);
   st.eta(eta);
   st.mu(mu);
@@ -226,10 +230,21 @@ bool operator==(const ASGDOptions& lhs, const ASGDOptions& rhs) {
          lhs.t0() == rhs.t0() && lhs.t0_per_param() == rhs.t0_per_param() &&
          lhs.weight_decay() == rhs.weight_decay() &&
          lhs.maximize() == rhs.maximize() && lhs.capturable() == rhs.capturable() &&
-         lhs.fused() == rhs.fused();
+         lhs.fused() == rhs.fused() && lhs.average_dtype() == rhs.average_dtype();
+}
+
+at::ScalarType ASGDOptions::average_dtype_for(const at::Tensor& param) const {
+  const auto dt = param.scalar_type();
+  if ((dt == at::kHalf || dt == at::kBFloat16) && average_dtype().has_value()) return at::kFloat;
+  return dt;
 }
 
 void ASGDOptions::validate() const {
+  // Python's check_average_dtype (torchext/optim/_checkpoint.py).
+  TORCH_CHECK_VALUE(!average_dtype().has_value() || *average_dtype() == at::kFloat,
+                    "ASGDOptions: average_dtype must be at::kFloat (a float32 average for "
+                    "float16/bfloat16 parameters) or nullopt (the parameter's dtype), got ",
+                    *average_dtype());
   // The op's own option rules (empty lists: only the options are checked),
   // with t0 and with each t0_per_param value.
   DeviceCall none;
@@ -264,6 +279,10 @@ void ASGDOptions::serialize(torch::serialize::OutputArchive& archive) const {
   _TORCH_OPTIM_SERIALIZE_TORCH_ARG(fused);
   if (has_tensor_lr()) archive.write("lr_tensor", lr_tensor());
   if (!t0_per_param().empty()) archive.write("t0_per_param", c10::IValue(t0_per_param()));
+  // The ScalarType as an int, or None (opted out).
+  archive.write("average_dtype", average_dtype().has_value()
+                                     ? c10::IValue(static_cast<int64_t>(*average_dtype()))
+                                     : c10::IValue());
 }
 
 void ASGDOptions::serialize(torch::serialize::InputArchive& archive) {
@@ -288,6 +307,18 @@ void ASGDOptions::serialize(torch::serialize::InputArchive& archive) {
     t0_per_param(t0s.toDoubleVector());
   } else {
     t0_per_param({});
+  }
+  c10::IValue avg;
+  if (!archive.try_read("average_dtype", avg)) {
+    average_dtype(at::kFloat);  // an archive from before the option: the default
+  } else if (avg.isNone()) {
+    average_dtype(std::nullopt);
+  } else {
+    TORCH_CHECK_VALUE(avg.isInt() && avg.toInt() == static_cast<int64_t>(at::kFloat),
+                      "ASGDOptions: 'average_dtype' must be float32 (",
+                      static_cast<int64_t>(at::kFloat), ") or None, got ",
+                      avg.isInt() ? c10::str(avg.toInt()) : std::string(avg.tagKind()));
+    average_dtype(at::kFloat);
   }
 }
 
@@ -595,7 +626,7 @@ void ASGD::load(torch::serialize::InputArchive& archive) {
       const auto& p = g.params()[pi];
       auto it = scratch.state_.find(p.unsafeGetTensorImpl());
       if (it == scratch.state_.end()) continue;
-      adopt_loaded_state(static_cast<ASGDParamState&>(*it->second), p,
+      adopt_loaded_state(static_cast<ASGDParamState&>(*it->second), p, o,
                          c10::str("ASGD.load: the state of param_groups[", gi, "].params[", pi,
                                   "]"));
     }

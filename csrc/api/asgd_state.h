@@ -21,7 +21,9 @@ at::ScalarType scalar_state_dtype();
 // The state of a parameter stepped for the first time (Python's
 // ASGD._create_state, torch.optim.ASGD's): step 0, eta = lr (a tensor lr
 // copied), mu 1 in the scalar state dtype on the parameter's device, and
-// ax = zeros_like(param) (memory format kept).
+// ax = zeros_like(param) (memory format kept) in o.average_dtype_for(param):
+// float32 for float16/bfloat16 params unless o.average_dtype() is nullopt
+// (Python's average_dtype_of).
 std::unique_ptr<ASGDParamState> initial_state(const at::Tensor& param, const ASGDOptions& o);
 
 // Checks a state read from a checkpoint against its parameter, Python's
@@ -34,9 +36,13 @@ void check_loaded_state(const ASGDParamState& st, const at::Tensor& param,
                         const std::string& where);
 
 // check_loaded_state, then moves the state onto the parameter's device: ax
-// in the parameter's dtype, step/eta/mu 0-d, float32/float64 as saved (else
-// the scalar state dtype). `st` is only changed once every check passed.
-void adopt_loaded_state(ASGDParamState& st, const at::Tensor& param, const std::string& where);
+// in o.average_dtype_for(param) whatever dtype was saved (Python's
+// restore_scalar_state: a bf16 ax, torch's layout, widens to float32; a
+// float32 one narrows where the group opted out), step/eta/mu 0-d,
+// float32/float64 as saved (else the scalar state dtype). `o`: the loaded
+// group's options. `st` is only changed once every check passed.
+void adopt_loaded_state(ASGDParamState& st, const at::Tensor& param, const ASGDOptions& o,
+                        const std::string& where);
 
 // A group's t0_per_param is empty or holds one value per param.
 void check_t0_per_param_size(const ASGDOptions& o, size_t num_params, const std::string& where);

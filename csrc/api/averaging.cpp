@@ -39,6 +39,13 @@ void swap_all(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b
   }
 }
 
+// Python's is_wider_average (torchext/optim/averaging.py): a float32 ax of a
+// float16/bfloat16 parameter, which is copied instead of swapped.
+bool is_wider_average(const at::Tensor& p, const at::Tensor& ax) {
+  return ax.scalar_type() == at::kFloat &&
+         (p.scalar_type() == at::kHalf || p.scalar_type() == at::kBFloat16);
+}
+
 }  // namespace
 
 AveragedParameters::AveragedParameters(ASGD& optimizer) : optimizer_(optimizer) {
@@ -49,20 +56,47 @@ AveragedParameters::AveragedParameters(ASGD& optimizer) : optimizer_(optimizer) 
     for (const auto& p : group.params()) {
       auto it = state.find(p.unsafeGetTensorImpl());
       if (it == state.end()) continue;  // never stepped: keeps its own value
-      params_.push_back(p);
-      axs_.push_back(static_cast<const ASGDParamState&>(*it->second).ax());
+      const auto& ax = static_cast<const ASGDParamState&>(*it->second).ax();
+      if (is_wider_average(p, ax)) {
+        wide_params_.push_back(p);
+        axs_wide_.push_back(ax);
+      } else {
+        params_.push_back(p);
+        axs_.push_back(ax);
+      }
     }
   }
+  at::NoGradGuard no_grad;
+  // Every scratch copy first: an allocation that fails throws here, with
+  // nothing written.
+  for (const auto& p : wide_params_) saved_.push_back(p.detach().clone(at::MemoryFormat::Preserve));
   swap_all(params_, axs_);  // all or nothing: throws with nothing swapped
+  for (size_t i = 0; i < wide_params_.size(); ++i) {
+    wide_params_[i].detach().copy_(axs_wide_[i]);  // the average, rounded once to the param's dtype
+  }
+  axs_wide_.clear();  // ax is not touched; the exit needs only the scratch copies
   optimizer.averaged_in_ = true;
 }
 
 AveragedParameters::~AveragedParameters() {
+  // No tensor is allocated here: the swap back exchanges memory already
+  // held (swap_ writes in place, its lists passed the same checks at
+  // construction), and each restore copies a scratch copy allocated at
+  // construction into the parameter's own memory (same shape, dtype and
+  // device). So neither can fail, and the parameters and ax are back bit
+  // for bit.
   optimizer_.averaged_in_ = false;
   try {
     swap_all(params_, axs_);
-  } catch (const std::exception& e) {  // cannot happen for tensors swapped once already
+  } catch (const std::exception& e) {  // cannot happen (see above)
     TORCH_WARN("ASGD.averaged_parameters: swapping back failed: ", e.what());
+  }
+  try {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < wide_params_.size(); ++i) wide_params_[i].detach().copy_(saved_[i]);
+  } catch (const std::exception& e) {  // cannot happen (see above)
+    TORCH_WARN("ASGD.averaged_parameters: restoring from the scratch copies failed: ",
+               e.what());
   }
 }
 

@@ -12,11 +12,13 @@
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/csrc/jit/serialization/pickler.h>
+#include <torch/csrc/jit/serialization/unpickler.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <functional>
-#include <iterator>
 #include <limits>
 #include <unordered_map>
 
@@ -29,6 +31,82 @@ using optim::ASGDParamState;
 using GenericDict = c10::impl::GenericDict;
 
 GenericDict str_dict() { return GenericDict(c10::StringType::get(), c10::AnyType::get()); }
+
+// Note [torch dtypes in Python-format checkpoints]
+// Python's ASGD groups hold `average_dtype` as the string "float32" or None
+// (torchext/optim/_checkpoint.py FLOAT32_AVERAGE: torch's distributed
+// checkpoints refuse a torch.dtype in param_groups), which save_state_dict
+// writes too. A group may still hold torch.float32 (Python accepts it, and
+// its first version wrote it). Python pickles a dtype as the global
+// torch.<name>: the opcode GLOBAL ('c') "torch\n<name>\n" (torch.save's
+// protocol 2), which the TorchScript unpickler refuses ("unknown torch
+// global"). So read_dict rewrites each such global of a dtype name into the
+// string "torch.<name>" (BINUNICODE) before unpickling. The pickle is
+// protocol 2: no frames, no offsets, so the rewrite is local; a memo entry
+// (BINPUT after the value, BINGET for the next use) then holds the string as
+// it held the dtype. It is a byte-pattern rewrite, not a pickle parser: a
+// string value holding the bytes of such a global would be rewritten too,
+// and a genuine string "torch.float32" reads as the dtype. The pickle holds
+// no tensor data (those are separate records), only keys and small values.
+constexpr const char* kDtypeNames[] = {
+    "float32", "float64", "float16", "bfloat16", "complex64", "complex128", "uint8",
+    "int8", "int16", "int32", "int64", "bool"};
+
+void append_binunicode(std::vector<char>& out, const std::string& s) {
+  out.push_back('X');  // BINUNICODE: a 4-byte little-endian length, then the bytes
+  const auto n = static_cast<uint32_t>(s.size());
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+  out.insert(out.end(), s.begin(), s.end());
+}
+
+// read_dict: each global torch.<dtype name> -> the string "torch.<name>".
+std::vector<char> dtype_globals_to_strings(const char* data, size_t size) {
+  std::vector<char> out;
+  out.reserve(size);
+  static const std::string head = "ctorch\n";
+  size_t i = 0;
+  while (i < size) {
+    bool done = false;
+    if (size - i > head.size() && std::memcmp(data + i, head.data(), head.size()) == 0) {
+      for (const char* name : kDtypeNames) {
+        const std::string tail = std::string(name) + "\n";
+        const size_t at = i + head.size();
+        if (size - at >= tail.size() && std::memcmp(data + at, tail.data(), tail.size()) == 0) {
+          append_binunicode(out, std::string("torch.") + name);
+          i = at + tail.size();
+          done = true;
+          break;
+        }
+      }
+    }
+    if (!done) out.push_back(data[i++]);
+  }
+  return out;
+}
+
+// torch::jit::pickle_load (readArchiveAndTensors on the "data" archive), with
+// the dtype globals rewritten first (Note [torch dtypes in Python-format
+// checkpoints]).
+c10::IValue load_pickle(std::istream& in) {
+  caffe2::serialize::PyTorchStreamReader reader(&in);  // reads the records it is asked for
+  auto [pickle_ptr, pickle_size] = reader.getRecord("data.pkl");
+  const auto pickled =
+      dtype_globals_to_strings(static_cast<const char*>(pickle_ptr.get()), pickle_size);
+  size_t pos = 0;
+  auto read = [&](char* buffer, size_t len) -> size_t {
+    len = std::min(pickled.size() - pos, len);
+    std::memcpy(buffer, pickled.data() + pos, len);
+    pos += len;
+    return len;
+  };
+  auto read_record = [&](const std::string& name) {
+    return std::get<0>(reader.getRecord("data/" + name));
+  };
+  torch::jit::Unpickler unpickler(read, /*type_resolver=*/nullptr, /*obj_loader=*/nullptr,
+                                  read_record, /*device=*/std::nullopt);
+  unpickler.set_version(reader.version());
+  return unpickler.parse_ivalue();
+}
 
 // torch::jit::pickle_save's container, but plain Python dicts and lists:
 // pickle_save tags them with their TorchScript type (a call to
@@ -58,11 +136,9 @@ void write_file(const c10::IValue& value, const std::string& path, const char* w
 GenericDict read_dict(const std::string& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK(in.good(), what, ": cannot open '", path, "'");
-  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
-                                std::istreambuf_iterator<char>());
   c10::IValue value;
   try {
-    value = torch::jit::pickle_load(bytes);
+    value = load_pickle(in);
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, what, ": '", path, "' is not a readable torch.save file (truncated or ",
                 "corrupt?): ", e.what_without_backtrace());
@@ -182,13 +258,32 @@ ASGDOptions group_options(const GenericDict& g, const std::string& where,
     check_option(where, "t0_per_param", [&](ASGDOptions& x) { x.t0_per_param(values); });
     o.t0_per_param(values);
   }
+  // Python's normalize_average_dtype: "float32" or torch.float32 (read as
+  // the string "torch.float32", Note [torch dtypes in Python-format
+  // checkpoints]), or None; absent (torch's checkpoint, an older torchext
+  // one): the default, float32, as Python's __setstate__.
+  const auto* avg = find(g, "average_dtype");
+  if (avg == nullptr) {
+    o.average_dtype(at::kFloat);
+  } else if (avg->isNone()) {
+    o.average_dtype(std::nullopt);
+  } else {
+    TORCH_CHECK_VALUE(avg->isString() && (avg->toStringRef() == "float32" ||
+                                          avg->toStringRef() == "torch.float32"),
+                      where, "['average_dtype']: average_dtype must be torch.float32 (a float32 "
+                      "average for float16/bfloat16 parameters) or None (the parameter's "
+                      "dtype), got ",
+                      avg->isString() ? c10::str("'", avg->toStringRef(), "'")
+                                      : std::string(avg->tagKind()));
+    o.average_dtype(at::kFloat);
+  }
   return o;
 }
 
 // One entry of Python's state: step/eta/mu are tensors or, in old
 // checkpoints, Python numbers. The rules of Python's _check_entry.
 std::unique_ptr<ASGDParamState> param_state(const c10::IValue& v, const std::string& where,
-                                            const at::Tensor& p) {
+                                            const at::Tensor& p, const ASGDOptions& o) {
   TORCH_CHECK_VALUE(v.isGenericDict(), where, " must be a dict, got ", v.tagKind());
   const auto d = v.toGenericDict();
   for (const char* key : {"step", "eta", "mu", "ax"}) {
@@ -208,7 +303,7 @@ std::unique_ptr<ASGDParamState> param_state(const c10::IValue& v, const std::str
   st->step(scalar("step"));
   st->eta(scalar("eta"));
   st->mu(scalar("mu"));
-  optim::adopt_loaded_state(*st, p, where);
+  optim::adopt_loaded_state(*st, p, o, where);
   return st;
 }
 
@@ -232,6 +327,10 @@ void save_state_dict(const ASGD& optimizer, const std::string& path) {
     g.insert("differentiable", false);
     g.insert("capturable", o.capturable());
     g.insert("fused", o.fused().has_value() ? c10::IValue(*o.fused()) : c10::IValue());
+    // "float32" or None, as Python's groups hold it (Note [torch dtypes in
+    // Python-format checkpoints]).
+    g.insert("average_dtype", o.average_dtype().has_value() ? c10::IValue("float32")
+                                                            : c10::IValue());
     if (!o.t0_per_param().empty()) {  // Python's key (start_averaging)
       c10::impl::GenericList t0s(c10::AnyType::get());
       for (const double t : o.t0_per_param()) t0s.push_back(t);
@@ -279,6 +378,7 @@ void load_state_dict(ASGD& optimizer, const std::string& path) {
   // Check and convert everything first; assign only at the end.
   std::vector<ASGDOptions> options;
   std::unordered_map<int64_t, at::Tensor> id_to_param;
+  std::unordered_map<int64_t, size_t> id_to_group;
   for (const auto gi : c10::irange(saved_groups.size())) {
     const std::string where = c10::str(file, " param_groups[", gi, "]");
     const c10::IValue sg_v = saved_groups.get(gi);
@@ -298,6 +398,7 @@ void load_state_dict(ASGD& optimizer, const std::string& path) {
                         id.tagKind());
       TORCH_CHECK_VALUE(id_to_param.emplace(id.toInt(), params[k]).second, where,
                         "['params'][", k, "]: id ", id.toInt(), " appears twice");
+      id_to_group.emplace(id.toInt(), gi);
     }
     options.push_back(group_options(sg, where, groups[gi]));
     optim::check_t0_per_param_size(options.back(), params.size(), where);
@@ -309,7 +410,8 @@ void load_state_dict(ASGD& optimizer, const std::string& path) {
     if (it == id_to_param.end()) continue;
     const std::string where = c10::str(file, " state[", kv.key().toInt(), "]");
     states.emplace_back(it->second.unsafeGetTensorImpl(),
-                        param_state(kv.value(), where, it->second));
+                        param_state(kv.value(), where, it->second,
+                                    options[id_to_group.at(kv.key().toInt())]));
   }
   auto& state = optimizer.state();
   state.clear();  // as Python: the loaded state replaces the old one

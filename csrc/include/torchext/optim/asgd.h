@@ -3,7 +3,9 @@
 //
 // Same update, same per-parameter state (step, eta, mu: 0-d float32 on the
 // parameter's device, float64 when the default dtype is float64; ax: like the
-// parameter) as torch.optim.ASGD and torchext.optim.ASGD.
+// parameter, but float32 for float16/bfloat16 parameters unless
+// average_dtype is nullopt) as torchext.optim.ASGD (torch.optim.ASGD keeps
+// every ax in the parameter's dtype: average_dtype = nullopt).
 #pragma once
 
 #include <torchext/amp/fused_step.h>
@@ -66,6 +68,16 @@ struct TORCHEXT_API ASGDOptions
   // true: always the fused op (error on other devices). false: a pure
   // tensor-op path (same math, any device), mainly for testing.
   TORCH_ARG(std::optional<bool>, fused) = std::nullopt;
+  // The dtype of the average ax of float16/bfloat16 parameters, Python's
+  // `average_dtype`: at::kFloat (default) keeps a float32 average, which
+  // keeps moving where one in the parameter's dtype freezes (an update
+  // (p - ax) * mu below half an ulp of ax is lost); 4 B/element instead of
+  // 2, and a bf16 step moves 14 B/element instead of 10. nullopt: the
+  // parameter's dtype (torch.optim.ASGD's layout). Only kFloat or nullopt
+  // (validate()). float32, float64 and complex parameters keep ax in their
+  // own dtype either way. ax averages the parameters as stored (rounded to
+  // their dtype). Checkpoints re-take ax in this rule's dtype on load.
+  TORCH_ARG(std::optional<at::ScalarType>, average_dtype) = at::kFloat;
 
  public:
   // Sets a tensor lr (see the constructor); lr(double) sets a float lr and
@@ -85,7 +97,12 @@ struct TORCHEXT_API ASGDOptions
   // asgd_ op's own rules (lr, lambd, alpha, weight_decay finite and >= 0;
   // t0 and every t0_per_param value not NaN, inf meaning never average).
   // A tensor lr's value is checked only on the CPU (no device read, no sync).
+  // average_dtype must be at::kFloat or nullopt.
   void validate() const;
+  // The dtype of the average ax of `param` under these options (Python's
+  // average_dtype_of): float32 for a float16/bfloat16 param unless
+  // average_dtype is nullopt, else the param's dtype.
+  at::ScalarType average_dtype_for(const at::Tensor& param) const;
   TORCHEXT_API friend bool operator==(const ASGDOptions& lhs, const ASGDOptions& rhs);
 
  private:
