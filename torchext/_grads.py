@@ -20,19 +20,16 @@ class GradsByDevice:
     sparse grads; assigned to ``param.grad`` only by a pass that writes
     (unscale). ``sparse``: some grad was sparse (its values are in
     ``lists``; ``norm_lists`` has the values of their coalesced form, whose
-    norm is the gradient's). ``params``: every parameter of the optimizer, in
-    order, with or without a grad (what a pending clip records as seen)."""
+    norm is the gradient's)."""
 
     def __init__(self, optimizer, allow_fp16: bool) -> None:
         self.sharded = False
         self.sparse = False
         self.coalesced: list[tuple[Tensor, Tensor]] = []
-        self.params: list[Tensor] = []
         grads: list[Tensor] = []
         norm_inputs: list[Tensor] = []
         for group in param_groups(optimizer):
             for param in group["params"]:
-                self.params.append(param)
                 if param.grad is None:
                     continue
                 # DTensor (FSDP2) grads: the ops check/unscale this rank's
