@@ -164,6 +164,11 @@ def _asgd_cases() -> list[Corruption]:
         add(f"{key}_string", ("param_groups[1]", key), _set(G1 + (key,), "0.1"))
         add(f"{key}_bool", ("param_groups[1]", key), _set(G1 + (key,), True))
         add(f"{key}_missing", ("param_groups[1]", key), _del(G1 + (key,)))
+    # issue 47: the average's dtype is "float32" (torch.float32) or None
+    add("average_dtype_other_string", ("param_groups[1]", "average_dtype"),
+        _set(G1 + ("average_dtype",), "float64"))
+    add("average_dtype_other_dtype", ("param_groups[1]", "average_dtype"),
+        _set(G1 + ("average_dtype",), torch.bfloat16))
     # issue 25: a non-finite hyperparameter in the FIRST group too (inf lambd
     # loaded without a word and turned the next step NaN)
     for key in ("lr", "lambd", "alpha", "weight_decay"):
