@@ -384,15 +384,17 @@ class GradScaler(torch.amp.GradScaler):
                 refused = e
         return measured, reads, refused
 
-    def _record_unscaled(self, optimizer, inv_scale, found_per_device, grads) -> None:
+    def _record_unscaled(self, optimizer, inv_scale, found_per_device, grads,
+                         synced: bool = False) -> None:
         """The record torch's ``unscale_`` leaves: UNSCALED, with the inf
-        check of this read (kept from the earlier unscale_ when the
-        gradients were unscaled already)."""
+        check of this read (all-reduced here unless ``synced``; kept from the
+        earlier unscale_ when the gradients were unscaled already)."""
         state = self._optimizer_state(optimizer)
         if inv_scale is not None:
             if found_per_device is None:  # (no grads on this optimizer)
                 found_per_device = {}
-            self._sync_found_inf(found_per_device, grads is not None and grads.sharded)
+            if not synced:
+                self._sync_found_inf(found_per_device, grads is not None and grads.sharded)
             state["found_inf_per_device"] = found_per_device
         state["stage"] = OptState.UNSCALED
         self._per_optimizer_states[id(optimizer)] = state
@@ -479,7 +481,8 @@ class GradScaler(torch.amp.GradScaler):
             # The pass: unscaled and clipped in place, recorded as such (a
             # step that then raises is retried by step() without a second clip).
             _clip.apply_(optimizer, measured.grads[0], inv_scale, coef)
-            self._record_unscaled(optimizer, inv_scale, found_per_device, measured.grads[0])
+            self._record_unscaled(optimizer, inv_scale, found_per_device, measured.grads[0],
+                                  synced=True)
 
         retval, found_per_device = self._fused_step(
             optimizer, stage, state, (), kwargs, coef=coef, found_per_device=found_per_device,
@@ -584,12 +587,11 @@ class GradScaler(torch.amp.GradScaler):
         # steps fp16 grads and, with no grads, a no-op; any other optimizer is
         # unscaled by torch's recipe, which refuses both.
         torch_fused = protocol.torch_fused(optimizer)
-        if found_per_device is not None:  # (clip_and_step's read checked them)
-            pass
-        elif stage is OptState.READY:
-            found_per_device = self._check_inf_grads(optimizer, torch_fused or self._allow_fp16)
-        else:  # (unscale_ or clip_grad_norm_ checked the grads already)
-            found_per_device = state["found_inf_per_device"]
+        if found_per_device is None:  # (else clip_and_step's read checked them)
+            found_per_device = (
+                self._check_inf_grads(optimizer, torch_fused or self._allow_fp16)
+                if stage is OptState.READY
+                else state["found_inf_per_device"])  # (unscale_ or a clip checked them)
         device = self._scale.device
         if len(found_per_device) == 1:  # (the usual case, without _combined_found_inf's loops)
             found_inf, = found_per_device.values()
