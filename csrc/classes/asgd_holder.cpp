@@ -38,6 +38,8 @@ struct ASGDHolder : torch::CustomClassHolder {
   c10::List<at::Tensor> params, axs;  // axs[i] undefined: params[i] has no state yet
   c10::List<at::Tensor> grads;  // undefined where a param has no grad: left alone
   at::Tensor mus, etas, steps;  // packed: element i belongs to params[i]
+  // The op's rounding_* arguments (stochastic rounding), kept as pushed.
+  ASGDRoundingArgs rounding;
 
   ASGDHolder(std::vector<at::Tensor> params_, std::vector<std::optional<at::Tensor>> axs_,
              at::Tensor mus_, at::Tensor etas_, at::Tensor steps_)
@@ -49,6 +51,16 @@ struct ASGDHolder : torch::CustomClassHolder {
     for (auto& p : params_) params.push_back(std::move(p));
     for (auto& ax : axs_) axs.push_back(ax.has_value() ? *ax : at::Tensor());
     grads.reserve(param_vec.size());
+  }
+
+  // Stochastic rounding on (a seed, and per param its id and offset: the
+  // op's rounding_* arguments) or off (no seed).
+  void set_rounding(std::optional<int64_t> seed, std::optional<std::vector<int64_t>> ids,
+                    std::optional<std::vector<int64_t>> offsets) {
+    rounding.seed = seed;
+    rounding.ids = ids.has_value() ? c10::IValue(c10::List<int64_t>(*ids)) : c10::IValue();
+    rounding.offsets =
+        offsets.has_value() ? c10::IValue(c10::List<int64_t>(*offsets)) : c10::IValue();
   }
 
   void set_ax(int64_t i, const std::optional<at::Tensor>& ax) {
@@ -105,7 +117,7 @@ struct ASGDHolder : torch::CustomClassHolder {
     if (!missing.empty()) return missing;
     auto stack = asgd_stack(params, grads, axs, mus, etas, steps, lr,
                             ASGDHyperparams::from_values(hyper), grad_scale, found_inf,
-                            clip_coef);
+                            clip_coef, rounding);
     const c10::OperatorHandle& op = asgd_op(ASGDState::kPacked);
     if (validate_only) {
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &stack);
@@ -194,6 +206,7 @@ TORCH_LIBRARY_FRAGMENT(torchext, m) {
       .def(torch::init<std::vector<at::Tensor>, std::vector<std::optional<at::Tensor>>,
                        at::Tensor, at::Tensor, at::Tensor>())
       .def("set_ax", &ASGDHolder::set_ax)
+      .def("set_rounding", &ASGDHolder::set_rounding)
       .def("run", &ASGDHolder::run)
       .def("check_finite", &ASGDHolder::check_finite)
       .def("norms", &ASGDHolder::norms);

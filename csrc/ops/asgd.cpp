@@ -110,6 +110,24 @@ std::optional<ASGDCall> check_asgd_header(const ASGDArgs& a) {
                     " (must be finite and >= 0)");
   TORCH_CHECK_VALUE(!std::isnan(a.t0), "asgd_: invalid t0 value: ", a.t0, " (must not be NaN)");
   if (a.packed()) check_packed_state(a);
+  if (a.rounding_seed.has_value()) {
+    TORCH_CHECK_VALUE(!a.rounding_ids.has_value() || a.rounding_ids->size() == n,
+                      "asgd_: rounding_ids must have one id per param (", n, "), got ",
+                      a.rounding_ids->size());
+    TORCH_CHECK_VALUE(!a.rounding_offsets.has_value() || a.rounding_offsets->size() == n,
+                      "asgd_: rounding_offsets must have one offset per param (", n, "), got ",
+                      a.rounding_offsets->size());
+    if (a.rounding_offsets.has_value()) {
+      for (size_t i = 0; i < n; ++i) {
+        TORCH_CHECK_VALUE((*a.rounding_offsets)[i] >= 0, "asgd_: rounding_offsets[", i,
+                          "] is ", (*a.rounding_offsets)[i], " (must be >= 0)");
+      }
+    }
+  } else {
+    TORCH_CHECK_VALUE(!a.rounding_ids.has_value() && !a.rounding_offsets.has_value(),
+                      "asgd_: rounding_ids and rounding_offsets need rounding_seed (stochastic "
+                      "rounding is off without it)");
+  }
 
   size_t first = 0;
   while (first < n && !a.active(first)) ++first;

@@ -1,4 +1,5 @@
 #include "asgd_args.h"
+#include "torchext/elementwise_math.h"
 
 #include <c10/util/StringUtil.h>
 
@@ -22,7 +23,8 @@ c10::OperatorHandle checked_asgd_op(const char* overload) {
   std::vector<std::string> names;
   for (const auto& a : op.schema().arguments()) {
     if (a.kwarg_only() && a.name() != "lr" && a.name() != "grad_scale" &&
-        a.name() != "found_inf" && a.name() != "clip_coef") {
+        a.name() != "found_inf" && a.name() != "clip_coef" &&
+        a.name().rfind("rounding_", 0) != 0) {
       names.push_back(a.name());
     }
   }
@@ -55,12 +57,14 @@ torch::jit::Stack asgd_stack(c10::IValue params, c10::IValue grads, c10::IValue 
                              const at::Tensor& lr, const ASGDHyperparams& h,
                              const std::optional<at::Tensor>& grad_scale,
                              const std::optional<at::Tensor>& found_inf,
-                             const std::optional<at::Tensor>& clip_coef) {
+                             const std::optional<at::Tensor>& clip_coef,
+                             const ASGDRoundingArgs& rounding) {
   torch::jit::Stack stack;
-  stack.reserve(15);
+  stack.reserve(18);
   torch::jit::push(stack, std::move(params), std::move(grads), std::move(axs), std::move(mus),
                    std::move(etas), std::move(steps), lr, h.lambd, h.alpha, h.t0,
-                   h.weight_decay, h.maximize, grad_scale, found_inf, clip_coef);
+                   h.weight_decay, h.maximize, grad_scale, found_inf, clip_coef,
+                   rounding.seed, rounding.ids, rounding.offsets);
   return stack;
 }
 
@@ -114,6 +118,10 @@ void* ASGDArgs::eta_ptr(size_t i) const {
 }
 void* ASGDArgs::step_ptr(size_t i) const {
   return packed() ? element_ptr(packed_steps, i) : steps[i].data_ptr();
+}
+uint64_t ASGDArgs::rounding_stream(size_t i) const {
+  const int64_t id = rounding_ids.has_value() ? (*rounding_ids)[i] : static_cast<int64_t>(i);
+  return math::sr_stream(rounding_seed.value_or(0), id);
 }
 
 }  // namespace torchext

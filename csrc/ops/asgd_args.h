@@ -20,6 +20,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/core/stack.h>
+#include <c10/util/OptionalArrayRef.h>
 
 #include <optional>
 #include <vector>
@@ -61,6 +62,11 @@ struct ASGDArgs : ASGDHyperparams {
   // A gradient clip's coefficient (float32 or float64, one element): the
   // unscaled grads are multiplied by it, a second factor after grad_scale's.
   std::optional<at::Tensor> clip_coef;
+  // Stochastic rounding of fp16/bf16 params (the schema's rounding_*): the
+  // seed, or nullopt (round to nearest), and per entry its id and the index
+  // of its first element in the unsharded tensor (default: i and 0).
+  std::optional<int64_t> rounding_seed;
+  at::OptionalIntArrayRef rounding_ids, rounding_offsets;
 
   bool packed() const { return packed_steps.defined(); }
   // Entry i takes part in the step only when it has a gradient: a param
@@ -72,6 +78,11 @@ struct ASGDArgs : ASGDHyperparams {
   void* mu_ptr(size_t i) const;
   void* eta_ptr(size_t i) const;
   void* step_ptr(size_t i) const;
+  // Entry i's random stream (math::sr_stream) and its first element's index.
+  uint64_t rounding_stream(size_t i) const;
+  int64_t rounding_offset(size_t i) const {
+    return rounding_offsets.has_value() ? (*rounding_offsets)[i] : 0;
+  }
   // lr on the host; only valid when lr lives on the CPU.
   double lr_on_host() const { return read_cpu_scalar(lr); }
 };
@@ -92,12 +103,19 @@ enum class ASGDState { kLists, kPacked };
 // from a c10::List<at::Tensor> argument, only from lr and the optional
 // tensors, so meta or CUDA params with a CPU lr would reach the CPU kernel.
 const c10::OperatorHandle& asgd_op(ASGDState state);
+// The rounding_* arguments as C++ callers push them: ids and offsets as
+// IValues (None, or an int list a caller may keep and push again each step).
+struct ASGDRoundingArgs {
+  std::optional<int64_t> seed;
+  c10::IValue ids, offsets;
+};
 torch::jit::Stack asgd_stack(c10::IValue params, c10::IValue grads, c10::IValue axs,
                              c10::IValue mus, c10::IValue etas, c10::IValue steps,
                              const at::Tensor& lr, const ASGDHyperparams& hyper,
                              const std::optional<at::Tensor>& grad_scale,
                              const std::optional<at::Tensor>& found_inf,
-                             const std::optional<at::Tensor>& clip_coef = std::nullopt);
+                             const std::optional<at::Tensor>& clip_coef = std::nullopt,
+                             const ASGDRoundingArgs& rounding = {});
 
 // ASGDArgs over one call's arguments. The TensorRefs point into the
 // caller's lists: use the result while they live. Without state (left to

@@ -27,10 +27,17 @@ void asgd_kernel(const TensorListArg& params, const TensorListArg& grads,
                  double t0, double weight_decay, bool maximize,
                  const std::optional<at::Tensor>& grad_scale,
                  const std::optional<at::Tensor>& found_inf,
-                 const std::optional<at::Tensor>& clip_coef) {
-  Impl(asgd_args(TensorRefs(params), TensorRefs(grads), TensorRefs(axs), state_arg(mus),
-                 state_arg(etas), state_arg(steps), lr, {lambd, alpha, t0, weight_decay, maximize},
-                 grad_scale, found_inf, clip_coef));
+                 const std::optional<at::Tensor>& clip_coef,
+                 std::optional<int64_t> rounding_seed, at::OptionalIntArrayRef rounding_ids,
+                 at::OptionalIntArrayRef rounding_offsets) {
+  ASGDArgs a = asgd_args(TensorRefs(params), TensorRefs(grads), TensorRefs(axs), state_arg(mus),
+                         state_arg(etas), state_arg(steps), lr,
+                         {lambd, alpha, t0, weight_decay, maximize}, grad_scale, found_inf,
+                         clip_coef);
+  a.rounding_seed = rounding_seed;
+  a.rounding_ids = rounding_ids;
+  a.rounding_offsets = rounding_offsets;
+  Impl(a);
 }
 
 template <void (*Impl)(const ASGDArgs&)>

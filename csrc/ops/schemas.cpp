@@ -36,7 +36,14 @@ TORCH_LIBRARY(torchext, m) {
       "asgd_(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, "
       "Tensor(c! -> *)[] mus, Tensor(d! -> *)[] etas, Tensor(e! -> *)[] steps, *, "
       "Tensor lr, float lambd, float alpha, float t0, float weight_decay, bool maximize, "
-      "Tensor? grad_scale=None, Tensor? found_inf=None, Tensor? clip_coef=None) -> ()");
+      "Tensor? grad_scale=None, Tensor? found_inf=None, Tensor? clip_coef=None, "
+      "int? rounding_seed=None, int[]? rounding_ids=None, int[]? rounding_offsets=None) -> ()");
+  // With rounding_seed, fp16/bf16 params are rounded stochastically, not to
+  // nearest (elementwise_math.h, "Stochastic rounding"): the random bits of
+  // params[i]'s element j are keyed by the seed, rounding_ids[i] (its
+  // identity in the optimizer; default i), the step being taken and
+  // rounding_offsets[i] + j (its index in the unsharded tensor; default j).
+  // Other dtypes ignore it.
   // The same with the schedule state packed: mus, etas and steps are each
   // one 1-D tensor whose element i belongs to params[i] (what
   // torchext.optim.ASGD keeps: its state entries are views of these). Per
@@ -47,7 +54,8 @@ TORCH_LIBRARY(torchext, m) {
       "asgd_.packed(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, "
       "Tensor(c!) mus, Tensor(d!) etas, Tensor(e!) steps, *, "
       "Tensor lr, float lambd, float alpha, float t0, float weight_decay, bool maximize, "
-      "Tensor? grad_scale=None, Tensor? found_inf=None, Tensor? clip_coef=None) -> ()");
+      "Tensor? grad_scale=None, Tensor? found_inf=None, Tensor? clip_coef=None, "
+      "int? rounding_seed=None, int[]? rounding_ids=None, int[]? rounding_offsets=None) -> ()");
   // Read-only inf/NaN check: sets found_inf to 1 if any element is not finite.
   m.def("check_finite_(Tensor[] tensors, Tensor(a!) found_inf) -> ()");
   // tensors *= inv_scale, and found_inf = 1 if any input element is not

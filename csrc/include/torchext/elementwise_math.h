@@ -8,8 +8,12 @@
 #pragma once
 
 #include <c10/macros/Macros.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 namespace torchext {
 namespace math {
@@ -202,6 +206,122 @@ C10_HOST_DEVICE inline double asgd_eta(double lr, double lambd, double alpha,
 C10_HOST_DEVICE inline double asgd_mu(double t0, double step) {
   const double d = sub(step, t0);
   return 1.0 / (d > 1.0 ? d : 1.0);
+}
+
+// ---- Stochastic rounding (ASGD's stochastic_rounding=True) --------------
+// An fp16/bf16 parameter's new value, computed in float32, is rounded to one
+// of its two neighbours in the parameter's dtype, up (away from zero) with
+// probability (|x| - lo) / (hi - lo): its expectation is x, so updates
+// smaller than half an ulp still move the parameter on average.
+//
+// The random bits come from a counter-based hash, no generator state: the
+// same bits on the CPU and on CUDA, capturable in CUDA graphs, traceable.
+// Their key (docs/optimizer.md, "Stochastic rounding"):
+//   stream = sr_stream(seed, id)      per tensor: the optimizer's seed and the
+//                                      param's identity (group << 32 | index)
+//   key    = sr_key(stream, step)     per tensor and step: the step being taken
+//   bits   = sr_bits(key, index)      per element: its index in the full,
+//                                      unsharded tensor
+// so that two tensors of one shape get different streams, every step new
+// bits, and a run resharded through DCP the same bits for each element.
+
+C10_HOST_DEVICE inline uint32_t float_bits(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  uint32_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+#endif
+}
+
+// splitmix64's finalizer (Steele et al.): a 64-bit bijection, full avalanche.
+C10_HOST_DEVICE inline uint64_t mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// lowbias32 (C. Wellons): a 32-bit bijection with two multiplies, cheap in
+// vector lanes (the per-element hash).
+C10_HOST_DEVICE inline uint32_t hash32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+C10_HOST_DEVICE inline uint64_t sr_stream(int64_t seed, int64_t id) {
+  return mix64(mix64(static_cast<uint64_t>(seed)) ^ static_cast<uint64_t>(id));
+}
+
+// The step being taken (the state's step after its increment) as an
+// integer. A float32 step is exact to 2**24, where it (and eta and mu with
+// it) stops counting, as torch's does.
+C10_HOST_DEVICE inline uint64_t sr_key(uint64_t stream, double step) {
+  const uint64_t s = (step >= 0.0 && step < 9.2e18) ? static_cast<uint64_t>(step) : 0;
+  return mix64(stream + mix64(s));
+}
+
+// 32 random bits for the element at `index` (two rounds of hash32, keyed by
+// the two halves of `key`; the index's high half joins the second round).
+C10_HOST_DEVICE inline uint32_t sr_bits(uint64_t key, int64_t index) {
+  const uint64_t i = static_cast<uint64_t>(index);
+  const uint32_t h = hash32(static_cast<uint32_t>(i) ^ static_cast<uint32_t>(key));
+  return hash32(h ^ (static_cast<uint32_t>(key >> 32) + static_cast<uint32_t>(i >> 32)));
+}
+
+// x rounded stochastically to bfloat16 with the random bits r, as bits: the
+// 16 bits bfloat16 drops get r's top 16 added, then are cut, so |x| rounds up
+// with probability (dropped bits) / 2**16, exactly. Past the largest finite
+// bfloat16 the carry makes inf, with that probability; inf stays inf, NaN
+// stays a (quiet) NaN.
+C10_HOST_DEVICE inline uint16_t bf16_bits_stochastic(float x, uint32_t r) {
+  const uint32_t b = float_bits(x);
+  if ((b & 0x7fffffffu) > 0x7f800000u) {
+    return static_cast<uint16_t>((b >> 16) | 0x40u);
+  }
+  return static_cast<uint16_t>((b + (r >> 16)) >> 16);
+}
+
+// The same for float16. Its normal range (|x| >= 2**-14) drops 13 of
+// float32's mantissa bits: r's top 13 are added, as above, and the exponent
+// rebiased; from 65504 up the carry makes inf with probability
+// (|x| - 65504) / 32 (the next value fp16's ulp there would give), and
+// |x| >= 65536 is inf. Subnormals (|x| < 2**-14) are multiples of 2**-24:
+// |x| * 2**24 (exact) is rounded up with probability its fraction, against
+// r's top 24 bits (exact but for |x| below 2**-48, where the fraction has
+// more than 24 bits: a bias of at most 2**-24 of a subnormal step).
+C10_HOST_DEVICE inline uint16_t fp16_bits_stochastic(float x, uint32_t r) {
+  const uint32_t b = float_bits(x);
+  const uint32_t sign = (b >> 16) & 0x8000u;
+  const uint32_t a = b & 0x7fffffffu;
+  if (a >= 0x7f800000u) {
+    return static_cast<uint16_t>(sign | (a > 0x7f800000u ? 0x7e00u : 0x7c00u));
+  }
+  if (a >= 0x38800000u) {  // 2**-14: fp16's normal range, or overflow
+    if (a >= 0x47800000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65536
+    const uint32_t h = ((a + (r >> 19)) >> 13) - (112u << 10);
+    return static_cast<uint16_t>(sign | (h > 0x7c00u ? 0x7c00u : h));
+  }
+  const float k = ::fabsf(x) * 16777216.0f;  // in units of 2**-24, < 2**10
+  const float whole = ::floorf(k);
+  const float frac = k - whole;              // exact
+  const float u = static_cast<float>(r >> 8) * 5.9604644775390625e-8f;  // r / 2**32, 24 bits
+  return static_cast<uint16_t>(sign | (static_cast<uint32_t>(whole) + (u < frac ? 1u : 0u)));
+}
+
+// x rounded stochastically to T (c10::BFloat16 or c10::Half) with bits r.
+template <typename T>
+C10_HOST_DEVICE inline T round_stochastic(float x, uint32_t r) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    return T(bf16_bits_stochastic(x, r), T::from_bits());
+  } else {
+    return T(fp16_bits_stochastic(x, r), T::from_bits());
+  }
 }
 
 // ---- AMP loss scaling --------------------------------------------------

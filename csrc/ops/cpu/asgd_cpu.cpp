@@ -52,6 +52,7 @@ void asgd_cpu_impl(const ASGDArgs& a) {
   const bool clipped = a.clip_coef.has_value();
   const double clip = clipped ? read_cpu_scalar(*a.clip_coef) : 1.0;
   const double lr = a.lr_on_host();
+  const bool stochastic = a.rounding_seed.has_value();
 
   // One pass (on the calling thread, not in the workers) checks each entry
   // and takes its raw pointers: with thousands of small tensors the cost is
@@ -69,8 +70,17 @@ void asgd_cpu_impl(const ASGDArgs& a) {
         slots.emplace_back(ScalarSlots{a.step_ptr(e.index), a.eta_ptr(e.index), a.mu_ptr(e.index)});
     const double eta = state_is_double ? load<double>(slot.eta) : load<float>(slot.eta);
     const double mu = state_is_double ? load<double>(slot.mu) : load<float>(slot.mu);
-    spans.push_back({e.dtype, e.p, e.ax, e.ax_dtype, e.g, e.numel, eta, mu, a.lambd,
-                     a.weight_decay, a.maximize, unscale, inv_scale, clipped, clip});
+    cpu::ASGDSpan& s = spans.emplace_back(cpu::ASGDSpan{
+        e.dtype, e.p, e.ax, e.ax_dtype, e.g, e.numel, eta, mu, a.lambd, a.weight_decay,
+        a.maximize, unscale, inv_scale, clipped, clip});
+    if (stochastic) {
+      // keyed by the step being taken: the state's step + 1
+      const double step =
+          (state_is_double ? load<double>(slot.step) : load<float>(slot.step)) + 1.0;
+      s.stochastic = true;
+      s.sr_key = math::sr_key(a.rounding_stream(e.index), step);
+      s.sr_index = a.rounding_offset(e.index);
+    }
     numels.push_back(e.numel);
   });
   if (a.found_inf.has_value() && read_cpu_scalar(*a.found_inf) != 0.0) {
@@ -84,6 +94,7 @@ void asgd_cpu_impl(const ASGDArgs& a) {
     s.ax = static_cast<char*>(s.ax) + ch.begin * static_cast<int64_t>(c10::elementSize(s.ax_dtype));
     s.g = static_cast<const char*>(s.g) + offset;
     s.n = ch.end - ch.begin;
+    s.sr_index += ch.begin;
     isa.asgd_span(s);
   });
 

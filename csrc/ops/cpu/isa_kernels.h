@@ -29,6 +29,11 @@ struct ASGDSpan {
   float inv_scale;
   bool clipped = false;  // multiply by clip after inv_scale
   double clip = 1.0;
+  // Stochastic rounding of a half/bfloat16 p (math::sr_bits(sr_key, sr_index
+  // + i) for element i of the span); ignored for other dtypes.
+  bool stochastic = false;
+  uint64_t sr_key = 0;
+  int64_t sr_index = 0;
 };
 
 struct Kernels {

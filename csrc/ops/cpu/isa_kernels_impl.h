@@ -59,9 +59,31 @@ math::ASGDCoeffs<Vectorized<T>> broadcast(const math::ASGDCoeffs<T>& c) {
           c.clipped, c.has_weight_decay, c.average};
 }
 
+// fp16/bf16 lanes as stored: rounded to nearest (at::vec's conversion), or
+// stochastically with each element's random bits (math::sr_bits).
+template <typename scalar_t, bool kStochastic>
+Vectorized<scalar_t> round_to_stored(const Vectorized<float>& p0, const Vectorized<float>& p1,
+                                     const ASGDSpan& s, int64_t i) {
+  if constexpr (!kStochastic) {
+    return at::vec::convert_from_float<scalar_t>(p0, p1);
+  } else {
+    constexpr int64_t kF = Vectorized<float>::size();
+    alignas(64) float x[2 * kF];
+    alignas(64) uint32_t r[2 * kF];
+    alignas(64) scalar_t out[2 * kF];
+    p0.store(x);
+    p1.store(x + kF);
+    const int64_t base = s.sr_index + i;
+    for (int64_t j = 0; j < 2 * kF; ++j) r[j] = math::sr_bits(s.sr_key, base + j);
+    for (int64_t j = 0; j < 2 * kF; ++j) out[j] = math::round_stochastic<scalar_t>(x[j], r[j]);
+    return Vectorized<scalar_t>::loadu(out);
+  }
+}
+
 // ax_t: the average's storage, the parameter's dtype or float32 for fp16/bf16
 // parameters (a float32 average: elementwise_math.h, asgd_average).
-template <typename scalar_t, typename ax_t>
+// kStochastic: fp16/bf16 parameters rounded stochastically on store.
+template <typename scalar_t, typename ax_t, bool kStochastic = false>
 void asgd_typed(const ASGDSpan& s) {
   using opmath_t = at::opmath_type<scalar_t>;
   const auto c = math::make_asgd_coeffs<opmath_t>(s.eta, s.mu, s.lambd, s.weight_decay,
@@ -91,7 +113,7 @@ void asgd_typed(const ASGDSpan& s) {
       auto [g0, g1] = at::vec::convert_to_float<scalar_t>(Vec::loadu(g + i));
       math::asgd_param(p0, g0, cv, IsaMulAdd{});
       math::asgd_param(p1, g1, cv, IsaMulAdd{});
-      const Vec stored = at::vec::convert_from_float<scalar_t>(p0, p1);
+      const Vec stored = round_to_stored<scalar_t, kStochastic>(p0, p1, s, i);
       stored.store(p + i);
       auto [q0, q1] = at::vec::convert_to_float<scalar_t>(stored);
       if constexpr (std::is_same_v<ax_t, float>) {
@@ -111,7 +133,11 @@ void asgd_typed(const ASGDSpan& s) {
   for (; i < s.n; ++i) {
     opmath_t vp = static_cast<opmath_t>(p[i]), vax = static_cast<opmath_t>(ax[i]);
     math::asgd_param(vp, static_cast<opmath_t>(g[i]), c, IsaMulAdd{});
-    p[i] = static_cast<scalar_t>(vp);
+    if constexpr (kStochastic) {
+      p[i] = math::round_stochastic<scalar_t>(vp, math::sr_bits(s.sr_key, s.sr_index + i));
+    } else {
+      p[i] = static_cast<scalar_t>(vp);
+    }
     math::asgd_average(vax, static_cast<opmath_t>(p[i]), c);
     ax[i] = static_cast<ax_t>(vax);
   }
@@ -120,7 +146,12 @@ void asgd_typed(const ASGDSpan& s) {
 void asgd_span(const ASGDSpan& s) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, s.dtype, "asgd_cpu", [&] {
     if constexpr (std::is_same_v<scalar_t, at::Half> || std::is_same_v<scalar_t, at::BFloat16>) {
-      if (s.ax_dtype == at::kFloat) {
+      const bool wide = s.ax_dtype == at::kFloat;
+      if (s.stochastic) {
+        wide ? asgd_typed<scalar_t, float, true>(s) : asgd_typed<scalar_t, scalar_t, true>(s);
+        return;
+      }
+      if (wide) {
         asgd_typed<scalar_t, float>(s);
         return;
       }
