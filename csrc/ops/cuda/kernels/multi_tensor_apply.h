@@ -314,6 +314,22 @@ C10_HOST_DEVICE inline bool is_aligned(const T* p) {
   return reinterpret_cast<uintptr_t>(p) % (kILP * sizeof(T)) == 0;
 }
 
+// Where a load's lanes lie in the chunk: lane ii holds element
+// at[ii] = first + ii * stride (consecutive in the vector loop, blockDim
+// apart in the scalar loop), so that a body whose math depends on an
+// element's position gets the same index on either path.
+struct LaneIndex {
+  int64_t first;
+  int64_t stride;
+  C10_HOST_DEVICE int64_t operator[](int ii) const { return first + ii * stride; }
+};
+
+// Whether fn takes the lanes' indices after its arguments Args: only then
+// do the loops below make a LaneIndex (a body without it compiles as if
+// LaneIndex did not exist).
+template <typename Fn, typename... Args>
+constexpr bool kTakesLaneIndex = std::is_invocable_v<const Fn&, Args&..., const LaneIndex&>;
+
 // The loop of every elementwise body, as torch's multi-tensor functors have
 // it. When all N pointers are aligned to kILP elements, each thread moves
 // kILP-element vectors with one aligned load or store per pointer, and the
@@ -323,7 +339,9 @@ C10_HOST_DEVICE inline bool is_aligned(const T* p) {
 // on r[k][0..kILP), the values of pointer k; the first nstore pointers are
 // stored back. A reduction, which must not fold the T{} lanes, takes
 // fn(r, valid) instead: lanes [0, valid) hold elements (kILP in the vector
-// loop; in the scalar loop a thread's lanes past the end come last).
+// loop; in the scalar loop a thread's lanes past the end come last). A body
+// that needs each lane's element index in the chunk takes fn(r, at), a
+// LaneIndex (lanes past the end are not stored, whatever their index).
 template <typename Fn, typename R>
 C10_HOST_DEVICE inline void call_with_lanes(const Fn& fn, R& r, int valid) {
   if constexpr (std::is_invocable_v<const Fn&, R&, int>) {
@@ -350,7 +368,11 @@ C10_HOST_DEVICE inline void chunk_loop(const ThreadCtx& ctx, T* const (&ptrs)[N]
         TORCHEXT_UNROLL
         for (int ii = 0; ii < kILP; ++ii) r[k][ii] = x.val[ii];
       }
-      call_with_lanes(fn, r, kILP);
+      if constexpr (kTakesLaneIndex<Fn, T[N][kILP]>) {
+        fn(r, LaneIndex{v * kILP, 1});
+      } else {
+        call_with_lanes(fn, r, kILP);
+      }
       TORCHEXT_UNROLL
       for (int k = 0; k < N; ++k) {
         if (k < nstore) {
@@ -374,7 +396,11 @@ C10_HOST_DEVICE inline void chunk_loop(const ThreadCtx& ctx, T* const (&ptrs)[N]
       TORCHEXT_UNROLL
       for (int k = 0; k < N; ++k) r[k][ii] = i < n ? ptrs[k][i] : T{};
     }
-    call_with_lanes(fn, r, valid);
+    if constexpr (kTakesLaneIndex<Fn, T[N][kILP]>) {
+      fn(r, LaneIndex{base + ctx.thread, ctx.nthreads});
+    } else {
+      call_with_lanes(fn, r, valid);
+    }
     TORCHEXT_UNROLL
     for (int ii = 0; ii < kILP; ++ii) {
       const int64_t i = base + ctx.thread + static_cast<int64_t>(ii) * ctx.nthreads;
@@ -391,9 +417,10 @@ C10_HOST_DEVICE inline void chunk_loop(const ThreadCtx& ctx, T* const (&ptrs)[N]
 // chunk_loop with one more pointer of another element type U (a float32
 // average beside fp16/bf16 parameters): fn(r, u) computes in place on r as
 // chunk_loop's fn does and on u[0..kILP), the values of `extra`, which is
-// always stored back. The vector loop needs every pointer, `extra` included,
-// aligned to kILP of its own elements. (chunk_loop itself keeps its single
-// type: most bodies have one, and its loads then stay one type wide.)
+// always stored back; fn(r, u, at) also gets the lanes' indices (LaneIndex).
+// The vector loop needs every pointer, `extra` included, aligned to kILP of
+// its own elements. (chunk_loop itself keeps its single type: most bodies
+// have one, and its loads then stay one type wide.)
 template <int N, typename T, typename U, typename Fn>
 C10_HOST_DEVICE inline void chunk_loop_with(const ThreadCtx& ctx, T* const (&ptrs)[N], U* extra,
                                             int64_t n, int nstore, const Fn& fn) {
@@ -412,7 +439,11 @@ C10_HOST_DEVICE inline void chunk_loop_with(const ThreadCtx& ctx, T* const (&ptr
         for (int ii = 0; ii < kILP; ++ii) r[k][ii] = x.val[ii];
       }
       AlignedVector<U> u = reinterpret_cast<const AlignedVector<U>*>(extra)[v];
-      fn(r, u.val);
+      if constexpr (kTakesLaneIndex<Fn, T[N][kILP], U[kILP]>) {
+        fn(r, u.val, LaneIndex{v * kILP, 1});
+      } else {
+        fn(r, u.val);
+      }
       TORCHEXT_UNROLL
       for (int k = 0; k < N; ++k) {
         if (k < nstore) {
@@ -437,7 +468,11 @@ C10_HOST_DEVICE inline void chunk_loop_with(const ThreadCtx& ctx, T* const (&ptr
       for (int k = 0; k < N; ++k) r[k][ii] = i < n ? ptrs[k][i] : T{};
       u[ii] = i < n ? extra[i] : U{};
     }
-    fn(r, u);
+    if constexpr (kTakesLaneIndex<Fn, T[N][kILP], U[kILP]>) {
+      fn(r, u, LaneIndex{base + ctx.thread, ctx.nthreads});
+    } else {
+      fn(r, u);
+    }
     TORCHEXT_UNROLL
     for (int ii = 0; ii < kILP; ++ii) {
       const int64_t i = base + ctx.thread + static_cast<int64_t>(ii) * ctx.nthreads;
