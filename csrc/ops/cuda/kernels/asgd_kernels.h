@@ -12,7 +12,8 @@
 //      launch for any number of tensors: over the table, or, for packed state
 //      where every entry steps, over the three packed arrays directly.
 // The schedule comes after every elementwise block, so no chunk ever reads
-// an eta/mu another chunk already advanced.
+// an eta/mu another chunk already advanced (nor, with stochastic rounding,
+// a step: its blocks key their random bits by the old step + 1).
 #pragma once
 
 #include "../../asgd.h"
@@ -24,6 +25,7 @@
 #include <ATen/OpMathType.h>
 
 #include <algorithm>
+#include <array>
 #include <iterator>
 #include <utility>
 #include <vector>
@@ -58,14 +60,64 @@ using ASGDListMeta = MetaFor<6, L, sizeof(ASGDKernelArgs)>;
 template <ParamLayout L>
 using ASGDPackedMeta = MetaFor<3, L, sizeof(ASGDKernelArgs)>;
 
+// How ASGDElementwise stores a new fp16/bf16 parameter (its Rounding): to
+// nearest, a cast; or stochastically (rounding_seed: RoundStochastic).
+struct RoundToNearest {
+  static constexpr int kWords = 0;  // per-tensor words after the pointers
+  using KernelArgs = ASGDKernelArgs;
+};
+
+// Stochastic rounding's launch (fp16/bf16 parameters only) carries two
+// 64-bit words per tensor in metadata slots after its pointers: its random
+// stream (ASGDArgs::rounding_stream) and the index of its first element
+// (rounding_offset). The planner moves them as it moves pointers (a
+// continued tensor's too), and they reach every block as kernel parameters:
+// no copy to the device, so a captured step replays them as they were. Each
+// block reads its tensor's step itself (the schedule launch has not yet
+// advanced it), so nothing is read on the host. The other launches keep
+// their metadata and arguments: none of this is in them.
+struct ASGDStochasticArgs : ASGDKernelArgs {
+  const void* packed_steps;  // packed state without a table: entry i's step at tag[slot]
+};
+struct RoundStochastic {
+  static constexpr int kWords = 2;  // stream, offset
+  using KernelArgs = ASGDStochasticArgs;
+  // The random bits' index of a chunk's first element: the tensor's
+  // elements count from its offset, whatever chunk they fall in.
+  C10_HOST_DEVICE static int64_t first_index(int64_t offset, int64_t chunk_begin) {
+    return offset + chunk_begin;
+  }
+};
+
+// A word in a pointer slot of the metadata, and back.
+static_assert(sizeof(void*) == sizeof(uint64_t), "metadata words need 64-bit pointers");
+inline void* word_slot(uint64_t w) { return reinterpret_cast<void*>(static_cast<uintptr_t>(w)); }
+C10_HOST_DEVICE inline uint64_t slot_word(const void* p) {
+  return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p));
+}
+
+// The metadata of stochastic rounding's launches: the pointers of
+// ASGDListMeta or ASGDPackedMeta, then the two words.
+template <ParamLayout L>
+using ASGDListRoundingMeta = MetaFor<6 + RoundStochastic::kWords, L, sizeof(ASGDStochasticArgs)>;
+template <ParamLayout L>
+using ASGDPackedRoundingMeta = MetaFor<3 + RoundStochastic::kWords, L, sizeof(ASGDStochasticArgs)>;
+
 // ax_t: the average's storage, scalar_t or float for fp16/bf16 parameters
 // (a float32 average: elementwise_math.h, asgd_average).
-template <typename scalar_t, typename ax_t, typename Meta>
+template <typename scalar_t, typename ax_t, typename Meta, typename Rounding = RoundToNearest>
 struct ASGDElementwise {
-  static constexpr const char* kName = "asgd_ update";
-  static constexpr bool kPacked = Meta::kDepth == 3;
-  C10_HOST_DEVICE void operator()(const ThreadCtx& ctx, const Meta& meta,
-                                  const ASGDKernelArgs& args) const {
+  static constexpr bool kStochastic = Rounding::kWords > 0;
+  static constexpr const char* kName =
+      kStochastic ? "asgd_ update (stochastic rounding)" : "asgd_ update";
+  static constexpr int kPtrs = Meta::kDepth - Rounding::kWords;  // then the words
+  static constexpr bool kPacked = kPtrs == 3;
+  static_assert(kPtrs == 3 || kPtrs == 6, "bad asgd_ metadata");
+  static_assert(!kStochastic || std::is_same_v<scalar_t, c10::Half> ||
+                    std::is_same_v<scalar_t, c10::BFloat16>,
+                "stochastic rounding is for fp16/bf16 parameters");
+  using Args = typename Rounding::KernelArgs;
+  C10_HOST_DEVICE void operator()(const ThreadCtx& ctx, const Meta& meta, const Args& args) const {
     if (args.found_inf != nullptr && *args.found_inf != 0.f) return;
     const BlockChunk bc = block_chunk(meta, ctx.block);
     const void* eta_p;
@@ -96,12 +148,34 @@ struct ASGDElementwise {
         load_scalar(eta_p, args.state_is_double), load_scalar(mu_p, args.state_is_double),
         args.lambd, args.weight_decay, args.maximize, unscale, inv_scale, clipped,
         clipped ? load_scalar(args.clip_coef, args.clip_is_double) : 1.0);
-    // One element: the parameter, rounded to its dtype on store; the average
-    // moves toward the parameter as stored.
-    const auto update = [&](scalar_t& p_s, ax_t& ax_s, scalar_t g_s) {
+    // Stochastic rounding's key (the step being taken: the old step + 1, as
+    // the CPU kernel keys it) and the index of the chunk's first element.
+    uint64_t sr_key = 0;
+    int64_t sr_first = 0;
+    if constexpr (kStochastic) {
+      const void* step_p;
+      if constexpr (kPacked) {
+        step_p = static_cast<const char*>(args.packed_steps) +
+                 static_cast<int64_t>(meta.tag[bc.slot]) * (args.state_is_double ? 8 : 4);
+      } else {
+        step_p = meta.ptrs[kStep][bc.slot];
+      }
+      const uint64_t stream = slot_word(meta.ptrs[kPtrs][bc.slot]);
+      const auto offset = static_cast<int64_t>(slot_word(meta.ptrs[kPtrs + 1][bc.slot]));
+      sr_key = math::sr_key(stream, load_scalar(step_p, args.state_is_double) + 1.0);
+      sr_first = Rounding::first_index(offset, bc.begin);
+    }
+    // One element (index i in the chunk; stochastic rounding only): the
+    // parameter, rounded to its dtype on store; the average moves toward the
+    // parameter as stored.
+    const auto update = [&](scalar_t& p_s, ax_t& ax_s, scalar_t g_s, int64_t i) {
       opmath_t p = static_cast<opmath_t>(p_s);
       math::asgd_param(p, static_cast<opmath_t>(g_s), c, math::FusedMulAdd{});
-      p_s = static_cast<scalar_t>(p);
+      if constexpr (kStochastic) {
+        p_s = math::round_stochastic<scalar_t>(p, math::sr_bits(sr_key, sr_first + i));
+      } else {
+        p_s = static_cast<scalar_t>(p);
+      }
       opmath_t ax = static_cast<opmath_t>(ax_s);
       math::asgd_average(ax, static_cast<opmath_t>(p_s), c);
       ax_s = static_cast<ax_t>(ax);
@@ -109,22 +183,41 @@ struct ASGDElementwise {
     scalar_t* const p = static_cast<scalar_t*>(meta.ptrs[kP][bc.slot]) + bc.begin;
     ax_t* const ax = static_cast<ax_t*>(meta.ptrs[kAx][bc.slot]) + bc.begin;
     scalar_t* const g = static_cast<scalar_t*>(meta.ptrs[kG][bc.slot]) + bc.begin;
+    // The loops take the lanes' indices only where stochastic rounding needs
+    // them: the other launches compile as they did without it.
     if constexpr (std::is_same_v<ax_t, scalar_t>) {
       scalar_t* const ptrs[3] = {p, ax, g};
-      chunk_loop(ctx, ptrs, bc.n, /*nstore=*/2, [&](scalar_t (&r)[3][kILP]) {
-        TORCHEXT_UNROLL
-        for (int ii = 0; ii < kILP; ++ii) update(r[0][ii], r[1][ii], r[2][ii]);
-      });
+      if constexpr (kStochastic) {
+        chunk_loop(ctx, ptrs, bc.n, /*nstore=*/2, [&](scalar_t (&r)[3][kILP], const LaneIndex& at) {
+          TORCHEXT_UNROLL
+          for (int ii = 0; ii < kILP; ++ii) update(r[0][ii], r[1][ii], r[2][ii], at[ii]);
+        });
+      } else {
+        chunk_loop(ctx, ptrs, bc.n, /*nstore=*/2, [&](scalar_t (&r)[3][kILP]) {
+          TORCHEXT_UNROLL
+          for (int ii = 0; ii < kILP; ++ii) update(r[0][ii], r[1][ii], r[2][ii], 0);
+        });
+      }
     } else {
       scalar_t* const ptrs[2] = {p, g};
-      chunk_loop_with(ctx, ptrs, ax, bc.n, /*nstore=*/1,
-                      [&](scalar_t (&r)[2][kILP], ax_t (&u)[kILP]) {
-                        TORCHEXT_UNROLL
-                        for (int ii = 0; ii < kILP; ++ii) update(r[0][ii], u[ii], r[1][ii]);
-                      });
+      if constexpr (kStochastic) {
+        chunk_loop_with(ctx, ptrs, ax, bc.n, /*nstore=*/1,
+                        [&](scalar_t (&r)[2][kILP], ax_t (&u)[kILP], const LaneIndex& at) {
+                          TORCHEXT_UNROLL
+                          for (int ii = 0; ii < kILP; ++ii) {
+                            update(r[0][ii], u[ii], r[1][ii], at[ii]);
+                          }
+                        });
+      } else {
+        chunk_loop_with(ctx, ptrs, ax, bc.n, /*nstore=*/1,
+                        [&](scalar_t (&r)[2][kILP], ax_t (&u)[kILP]) {
+                          TORCHEXT_UNROLL
+                          for (int ii = 0; ii < kILP; ++ii) update(r[0][ii], u[ii], r[1][ii], 0);
+                        });
+      }
     }
   }
-  static int64_t work(unsigned nblocks, unsigned, const Meta& meta, const ASGDKernelArgs&) {
+  static int64_t work(unsigned nblocks, unsigned, const Meta& meta, const Args&) {
     return elements_in_launch(meta, nblocks);
   }
 };
@@ -235,8 +328,15 @@ void asgd_launch(const ASGDArgs& a, Exec& exec) {
 
   // Entries grouped by (real) dtype and the average's dtype: one launch
   // series per group. Few pairs ever occur, so a linear search beats a map.
+  // With stochastic rounding, a group also keeps its entries' words.
   using GroupKey = std::pair<at::ScalarType, at::ScalarType>;
-  std::vector<std::pair<GroupKey, std::vector<TensorEntry<6>>>> groups;
+  struct Group {
+    GroupKey key;
+    std::vector<TensorEntry<6>> entries;
+    std::vector<std::array<uint64_t, RoundStochastic::kWords>> words;  // stochastic only
+  };
+  const bool stochastic = a.rounding_seed.has_value();
+  std::vector<Group> groups;
   std::vector<DenseTriple> copies;  // written back after the launches
   int32_t nsteps = 0;  // entries that step (their schedule-table rows)
   for_each_checked_entry(a, *call, copies, [&](const ASGDFlatEntry& e) {
@@ -249,13 +349,17 @@ void asgd_launch(const ASGDArgs& a, Exec& exec) {
     entry.ptrs[kStep] = a.step_ptr(e.index);
     const GroupKey key{e.dtype, e.ax_dtype};
     auto it = std::find_if(groups.begin(), groups.end(),
-                           [&](const auto& grp) { return grp.first == key; });
+                           [&](const Group& grp) { return grp.key == key; });
     if (it == groups.end()) {
-      groups.emplace_back(key, std::vector<TensorEntry<6>>{});
+      groups.push_back(Group{key, {}, {}});
       it = std::prev(groups.end());
-      it->second.reserve(n);
+      it->entries.reserve(n);
     }
-    it->second.push_back(entry);
+    it->entries.push_back(entry);
+    if (stochastic) {
+      it->words.push_back({a.rounding_stream(e.index),
+                           static_cast<uint64_t>(a.rounding_offset(e.index))});
+    }
   });
   if (nsteps == 0) return;
 
@@ -273,36 +377,79 @@ void asgd_launch(const ASGDArgs& a, Exec& exec) {
     table = exec.pointer_table(3 * static_cast<int64_t>(nsteps));
     kargs.schedule_table = static_cast<void**>(table.data_ptr());
   }
+  ASGDStochasticArgs sr_args{};
+  static_cast<ASGDKernelArgs&>(sr_args) = kargs;
+  if (stochastic && packed_direct) sr_args.packed_steps = a.step_ptr(0);
   const EmptyTensors empty = packed_direct ? EmptyTensors::kSkip : EmptyTensors::kOneBlock;
-  const auto series = [&](auto meta_tag, auto scalar_tag, auto ax_tag, const auto& entries) {
+  const auto series = [&](auto meta_tag, auto scalar_tag, auto ax_tag, auto rounding_tag,
+                          const auto& entries, const auto& args) {
     using Meta = typename decltype(meta_tag)::type;
     using scalar_t = typename decltype(scalar_tag)::type;
     using ax_t = typename decltype(ax_tag)::type;
+    using Rounding = typename decltype(rounding_tag)::type;
     multi_tensor_apply<Meta>(entries, limits, empty, [&](const Meta& meta, int nblocks) {
-      exec.template launch<ASGDElementwise<scalar_t, ax_t, Meta>>(
-          static_cast<unsigned>(nblocks), limits.block_size, meta, kargs);
+      exec.template launch<ASGDElementwise<scalar_t, ax_t, Meta, Rounding>>(
+          static_cast<unsigned>(nblocks), limits.block_size, meta, args);
     });
   };
-  const auto by_layout = [&](auto scalar_tag, auto ax_tag, const auto& entries) {
+  // A group's entries with their words after their first P pointers.
+  const auto with_words = [](auto ptrs_tag, const Group& grp) {
+    constexpr int P = decltype(ptrs_tag)::value;
+    constexpr int W = RoundStochastic::kWords;
+    std::vector<TensorEntry<P + W>> out;
+    out.reserve(grp.entries.size());
+    for (size_t k = 0; k < grp.entries.size(); ++k) {
+      const TensorEntry<6>& e = grp.entries[k];
+      TensorEntry<P + W> x{{}, e.numel, e.tag};
+      for (int d = 0; d < P; ++d) x.ptrs[d] = e.ptrs[d];
+      for (int w = 0; w < W; ++w) x.ptrs[P + w] = word_slot(grp.words[k][w]);
+      out.push_back(x);
+    }
+    return out;
+  };
+  const auto by_layout = [&](auto scalar_tag, auto ax_tag, const Group& grp) {
     with_param_layout<Exec::kLargeParams>(limits.layout, [&](auto layout) {
       constexpr ParamLayout L = decltype(layout)::value;
       if (packed_direct) {
-        series(TypeTag<ASGDPackedMeta<L>>{}, scalar_tag, ax_tag, entries);
+        series(TypeTag<ASGDPackedMeta<L>>{}, scalar_tag, ax_tag, TypeTag<RoundToNearest>{},
+               grp.entries, kargs);
       } else {
-        series(TypeTag<ASGDListMeta<L>>{}, scalar_tag, ax_tag, entries);
+        series(TypeTag<ASGDListMeta<L>>{}, scalar_tag, ax_tag, TypeTag<RoundToNearest>{},
+               grp.entries, kargs);
       }
     });
   };
-  for (auto& [key, entries] : groups) {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, key.first, "asgd_launch", [&] {
+  // fp16/bf16 parameters rounded stochastically: their own launches.
+  const auto by_layout_stochastic = [&](auto scalar_tag, auto ax_tag, const Group& grp) {
+    with_param_layout<Exec::kLargeParams>(limits.layout, [&](auto layout) {
+      constexpr ParamLayout L = decltype(layout)::value;
+      if (packed_direct) {
+        series(TypeTag<ASGDPackedRoundingMeta<L>>{}, scalar_tag, ax_tag,
+               TypeTag<RoundStochastic>{}, with_words(std::integral_constant<int, 3>{}, grp),
+               sr_args);
+      } else {
+        series(TypeTag<ASGDListRoundingMeta<L>>{}, scalar_tag, ax_tag,
+               TypeTag<RoundStochastic>{}, with_words(std::integral_constant<int, 6>{}, grp),
+               sr_args);
+      }
+    });
+  };
+  for (const Group& grp : groups) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grp.key.first, "asgd_launch", [&] {
       if constexpr (std::is_same_v<scalar_t, at::Half> ||
                     std::is_same_v<scalar_t, at::BFloat16>) {
-        if (key.second == at::kFloat) {  // a float32 average
-          by_layout(TypeTag<scalar_t>{}, TypeTag<float>{}, entries);
+        const bool wide = grp.key.second == at::kFloat;  // a float32 average
+        if (stochastic) {
+          wide ? by_layout_stochastic(TypeTag<scalar_t>{}, TypeTag<float>{}, grp)
+               : by_layout_stochastic(TypeTag<scalar_t>{}, TypeTag<scalar_t>{}, grp);
+          return;
+        }
+        if (wide) {
+          by_layout(TypeTag<scalar_t>{}, TypeTag<float>{}, grp);
           return;
         }
       }
-      by_layout(TypeTag<scalar_t>{}, TypeTag<scalar_t>{}, entries);
+      by_layout(TypeTag<scalar_t>{}, TypeTag<scalar_t>{}, grp);
     });
   }
   for (auto& d : copies) d.write_back();
