@@ -171,6 +171,8 @@ struct EntrySpec {
   // asgd_: the average's dtype, Undefined for dtype; float for a float32
   // average of a half/bfloat16 parameter.
   at::ScalarType ax_dtype = at::ScalarType::Undefined;
+  // asgd_: p, g and ax times this (fp16's subnormals, or its largest values).
+  double scale = 1.0;
 };
 
 struct ASGDCase {
@@ -189,6 +191,11 @@ struct ASGDCase {
   int steps = 2;
   std::vector<bool> skip;  // entries the plan skips (as it skips entries without grads)
   uint64_t seed = 0;
+  // Stochastic rounding: the op's rounding_seed, rounding_ids and
+  // rounding_offsets (empty: None).
+  std::optional<int64_t> rounding_seed;
+  std::vector<int64_t> rounding_ids, rounding_offsets;
+  double step_base = 0;  // added to every entry's initial step (0 to 6)
 
   std::string describe() const {
     std::ostringstream s;
@@ -197,8 +204,23 @@ struct ASGDCase {
       << ", wd " << weight_decay << (maximize ? ", maximize" : "")
       << (grad_scale ? ", grad_scale" : "") << (found_inf ? (*found_inf != 0 ? ", found_inf=1" : ", found_inf=0") : "")
       << (clip_coef ? ", clip_coef " + std::to_string(*clip_coef) + (clip_double ? " (float64)" : "") : "")
-      << ", t0 " << t0 << ", seed " << seed << ")";
+      << ", t0 " << t0 << ", seed " << seed;
+    if (rounding_seed) {
+      s << ", stochastic rounding (seed " << *rounding_seed
+        << (rounding_ids.empty() ? "" : ", ids") << (rounding_offsets.empty() ? "" : ", offsets")
+        << ")";
+    }
+    if (step_base != 0) s << ", steps from " << step_base;
+    s << ")";
     return s.str();
+  }
+  // The rounding_* arguments as C++ callers push them.
+  torchext::ASGDRoundingArgs rounding() const {
+    torchext::ASGDRoundingArgs r;
+    r.seed = rounding_seed;
+    if (!rounding_ids.empty()) r.ids = c10::IValue(c10::List<int64_t>(rounding_ids));
+    if (!rounding_offsets.empty()) r.offsets = c10::IValue(c10::List<int64_t>(rounding_offsets));
+    return r;
   }
 };
 
@@ -246,13 +268,16 @@ ASGDTensors make_asgd_tensors(const ASGDCase& c, Arena& arena) {
     t.grads.push_back(arena.make(e.numel, e.dtype, e.offset[1], e.layout[1], rng));
     const auto ax_dtype = e.ax_dtype == at::ScalarType::Undefined ? e.dtype : e.ax_dtype;
     t.axs.push_back(arena.make(e.numel, ax_dtype, e.offset[2], e.layout[2], rng));
+    if (e.scale != 1.0) {
+      for (auto* l : {&t.params, &t.grads, &t.axs}) l->back().mul_(e.scale);
+    }
   }
   // A plausible state: step s, eta and mu from torch's schedule at s.
   std::uniform_int_distribution<int> step_dist(0, 6);
   const auto so = at::TensorOptions().dtype(c.state_dtype);
   at::Tensor steps = at::empty({n}, so), etas = at::empty({n}, so), mus = at::empty({n}, so);
   for (int64_t i = 0; i < n; ++i) {
-    const double s = step_dist(rng);
+    const double s = c.step_base + step_dist(rng);
     steps[i] = s;
     etas[i] = s == 0 ? c.lr : c.lr / std::pow(1 + c.lambd * c.lr * s, c.alpha);
     mus[i] = 1.0 / std::max(1.0, s - c.t0);
@@ -297,12 +322,12 @@ void call_asgd(const ASGDCase& c, const ASGDTensors& t) {
       c.packed ? torchext::asgd_stack(TensorListArg(t.params), TensorListArg(t.grads),
                                       TensorListArg(t.axs), t.packed_mus, t.packed_etas,
                                       t.packed_steps, t.lr, hyper_of(c), opt(t.grad_scale),
-                                      opt(t.found_inf), opt(t.clip_coef))
+                                      opt(t.found_inf), opt(t.clip_coef), c.rounding())
                : torchext::asgd_stack(TensorListArg(t.params), TensorListArg(t.grads),
                                       TensorListArg(t.axs), TensorListArg(t.mus),
                                       TensorListArg(t.etas), TensorListArg(t.steps), t.lr,
                                       hyper_of(c), opt(t.grad_scale), opt(t.found_inf),
-                                      opt(t.clip_coef));
+                                      opt(t.clip_coef), c.rounding());
   torchext::asgd_op(c.packed ? torchext::ASGDState::kPacked : torchext::ASGDState::kLists)
       .callBoxed(&stack);
 }
@@ -310,7 +335,9 @@ void call_asgd(const ASGDCase& c, const ASGDTensors& t) {
 
 
 // The reference: the CPU kernel through the dispatcher. Skipped entries are
-// left out of its lists (packed state: as 0-d views of their elements).
+// left out of its lists (packed state: as 0-d views of their elements), the
+// others keep their rounding ids (their index in the full list by default)
+// and offsets.
 void run_reference(const ASGDCase& c, ASGDTensors& t) {
   const bool any_skip = std::find(c.skip.begin(), c.skip.end(), true) != c.skip.end();
   for (int s = 0; s < c.steps; ++s) {
@@ -320,12 +347,20 @@ void run_reference(const ASGDCase& c, ASGDTensors& t) {
     }
     ASGDCase sub = c;
     sub.packed = false;
+    sub.rounding_ids.clear();
+    sub.rounding_offsets.clear();
     ASGDTensors kept;
     kept.lr = t.lr;
     kept.grad_scale = t.grad_scale;
     kept.found_inf = t.found_inf;
+    kept.clip_coef = t.clip_coef;
     for (size_t i = 0; i < c.entries.size(); ++i) {
       if (c.skip[i]) continue;
+      if (c.rounding_seed) {
+        sub.rounding_ids.push_back(c.rounding_ids.empty() ? static_cast<int64_t>(i)
+                                                          : c.rounding_ids[i]);
+        if (!c.rounding_offsets.empty()) sub.rounding_offsets.push_back(c.rounding_offsets[i]);
+      }
       kept.params.push_back(t.params[i]);
       kept.grads.push_back(t.grads[i]);
       kept.axs.push_back(t.axs[i]);
@@ -432,6 +467,83 @@ ASGDCase random_asgd_case(uint64_t seed, int64_t nentries, int64_t max_numel) {
     }
   }
   return c;
+}
+
+
+// Stochastic rounding (rounding_seed): bf16 and fp16 entries, each with a
+// float32 average or one in its own dtype, of sizes that are no multiple of
+// kILP and span several chunks of every shape (up to max_numel), aligned (the
+// vector loop) or not (the scalar loop), some scaled into fp16's subnormals
+// or next to its largest values; beside them float32, float64 and complex
+// entries, which ignore the rounding arguments. Every combination of state
+// (packed or lists, float32 or float64), rounding ids and offsets (None or
+// given: ids of another optimizer's numbering, offsets of a shard far into
+// its tensor), and steps (0 to 6; near float32's 2**24, where a float32 step
+// stops counting; past 2**32 in float64 state), some entries without grads.
+std::vector<ASGDCase> rounding_cases(uint64_t seed, int64_t nentries, int64_t max_numel) {
+  std::vector<ASGDCase> cases;
+  int k = 0;
+  for (const bool packed : {false, true}) {
+    for (const at::ScalarType sd : {at::kFloat, at::kDouble}) {
+      for (const bool custom : {false, true}) {
+        for (const bool skips : {false, true}) {
+          ++k;
+          std::mt19937_64 rng(seed * 1000 + k);
+          std::uniform_int_distribution<int64_t> numel(max_numel / 2, max_numel);
+          std::uniform_int_distribution<int> pick(0, 99);
+          ASGDCase c;
+          c.name = "stochastic rounding";
+          c.seed = seed * 1000 + k;
+          c.packed = packed;
+          c.state_dtype = sd;
+          c.steps = 3;
+          c.rounding_seed = static_cast<int64_t>(rng() >> 1) * (k % 2 ? 1 : -1);
+          c.step_base = custom == skips ? 0 : sd == at::kFloat ? 16777216.0 - 4 : 6e9;
+          if (c.step_base != 0) c.lambd = 1e-10;  // eta ~ lr still: updates SR can round
+          c.lr = pick(rng) < 50 ? 0.05 : 1e-3;  // updates of a few ulps, or under half of one
+          c.weight_decay = pick(rng) < 50 ? 0.0 : 0.01;
+          c.maximize = pick(rng) < 25;
+          if (pick(rng) < 40) c.grad_scale = 1024.f;
+          if (pick(rng) < 35) c.clip_coef = 0.37;
+          const at::ScalarType others[] = {at::kFloat, at::kDouble, at::kComplexFloat};
+          for (int64_t i = 0; i < nentries; ++i) {
+            EntrySpec e{};
+            e.numel = numel(rng) | 1;  // odd: never a multiple of kILP
+            e.dtype = i % 4 == 3 ? others[pick(rng) % 3]
+                                 : i % 2 == 0 ? at::kBFloat16 : at::kHalf;
+            if (i % 4 == 1 || i % 4 == 2) {
+              if (e.dtype != others[0] && e.dtype != others[1] && e.dtype != others[2]) {
+                e.ax_dtype = at::kFloat;
+              }
+            }
+            for (int d = 0; d < 3; ++d) {
+              e.offset[d] = pick(rng) < 60 ? 0 : 1 + pick(rng) % 3;  // 40%: the scalar loop
+              e.layout[d] = Layout::kContiguous;
+            }
+            if (e.dtype == at::kHalf && pick(rng) < 30) e.scale = pick(rng) < 50 ? 1e-6 : 2e4;
+            c.entries.push_back(e);
+          }
+          // One tensor in a dense layout that is not contiguous, one strided.
+          c.entries[0].layout[0] = c.entries[0].layout[1] = c.entries[0].layout[2] =
+              Layout::kTransposed;
+          c.entries[1].layout[1] = Layout::kStrided;
+          if (custom) {
+            for (int64_t i = 0; i < nentries; ++i) {
+              c.rounding_ids.push_back((int64_t{3} << 32 | 7) + 5 * i);
+              c.rounding_offsets.push_back(i == 0 ? 0 : (int64_t{1} << 33) + 12345 * i + 1);
+            }
+          }
+          if (skips) {
+            for (int64_t i = 0; i < nentries; ++i) c.skip.push_back(pick(rng) < 30);
+            c.skip[1] = false;  // an fp16 entry with an offset always steps
+            c.skip[2] = true;
+          }
+          cases.push_back(c);
+        }
+      }
+    }
+  }
+  return cases;
 }
 
 

@@ -10,17 +10,18 @@
 // its results bit for bit with the CPU kernels. It lives with its tests: no
 // shipped file needs it.
 //
-// What it proves: the planner (batching, continuation, slots, tags), the
-// entry building and dtype grouping, every body's indexing, vector/scalar
-// paths, loads and stores, dtype dispatch, the launch sequence, and that
-// every launch's parameters fit the layout's budget (4 KB for the classic
-// layout the CUDA executor uses under graph capture), and a phased body's
-// use of its shared memory across barriers. What it cannot: the device
-// memory model and races, streams, graph capture, occupancy and speed, and
-// device math libraries (pow in the schedule, pow and hypot in
-// tensor_norms).
+// What it proves: the planner (batching, continuation, slots, tags, asgd_'s
+// stochastic rounding words), the entry building and dtype grouping, every
+// body's indexing, vector/scalar paths, loads and stores, dtype dispatch, the
+// launch sequence, and that every launch's parameters fit the layout's budget
+// (4 KB for the classic layout the CUDA executor uses under graph capture),
+// and a phased body's use of its shared memory across barriers. What it
+// cannot: the device memory model and races, streams, graph capture,
+// occupancy and speed, and device math libraries (pow in the schedule, pow
+// and hypot in tensor_norms).
 #pragma once
 
+#include "../csrc/ops/cuda/kernels/asgd_kernels.h"
 #include "../csrc/ops/cuda/kernels/multi_tensor_apply.h"
 #include "../csrc/ops/cuda/kernels/norms_kernels.h"
 
@@ -47,8 +48,9 @@ enum class BlockOrder { kForward, kReverse, kShuffled };
 // launch's metadata before running it. Mistakes in tensor_norms' per-element
 // math: the runner runs the same body with another NormFold (its template
 // parameter, the elements' check, unscale and fold), one of the planted
-// folds below. The shipped planner, bodies and the CUDA executor know
-// nothing of them.
+// folds below; in asgd_'s stochastic rounding, the update body with another
+// Rounding (its template parameter). The shipped planner, bodies and the
+// CUDA executor know nothing of them.
 enum class PlantedBug {
   kNone,
   kContinuationSkipsChunk,  // a tensor continued in the next launch loses a chunk
@@ -57,6 +59,9 @@ enum class PlantedBug {
                             //   (tensor_norms: its partial is never written)
   kUnscaleNotRounded,       // tensor_norms folds x * inv_scale unrounded, not as unscale_ stores it
   kTailCheckSkipped,        // tensor_norms skips the inf/NaN check in a load's partial lanes
+  kRoundingIndexFromChunk,  // asgd_'s stochastic rounding counts elements from the chunk,
+                            //   not from the tensor's first element
+  kRoundingOffsetDropped,   // asgd_'s stochastic rounding ignores rounding_offsets
 };
 
 namespace planted {
@@ -97,6 +102,17 @@ struct TailUncheckedFold : NormFold<K, E> {
   }
 };
 
+// Stochastic rounding's element index counted from the chunk's start (each
+// chunk draws the first chunk's bits again).
+struct ChunkIndexedRounding : RoundStochastic {
+  static int64_t first_index(int64_t offset, int64_t) { return offset; }
+};
+// The index counted from the tensor's start, not from its offset (a shard
+// draws the bits of the unsharded tensor's first elements).
+struct OffsetDroppedRounding : RoundStochastic {
+  static int64_t first_index(int64_t, int64_t chunk_begin) { return chunk_begin; }
+};
+
 }  // namespace planted
 
 // The body the runner runs for Body under a planted bug: Body itself, or
@@ -112,6 +128,18 @@ struct PlantedBody<PlantedBug::kUnscaleNotRounded, NormChunkBody<K, E, Meta, Nor
 template <math::NormKind K, typename E, typename Meta>
 struct PlantedBody<PlantedBug::kTailCheckSkipped, NormChunkBody<K, E, Meta, NormFold<K, E>>> {
   using type = NormChunkBody<K, E, Meta, planted::TailUncheckedFold<K, E>>;
+};
+
+// asgd_'s update body with a planted Rounding.
+template <typename S, typename A, typename Meta>
+struct PlantedBody<PlantedBug::kRoundingIndexFromChunk,
+                   ASGDElementwise<S, A, Meta, RoundStochastic>> {
+  using type = ASGDElementwise<S, A, Meta, planted::ChunkIndexedRounding>;
+};
+template <typename S, typename A, typename Meta>
+struct PlantedBody<PlantedBug::kRoundingOffsetDropped,
+                   ASGDElementwise<S, A, Meta, RoundStochastic>> {
+  using type = ASGDElementwise<S, A, Meta, planted::OffsetDroppedRounding>;
 };
 
 struct RunCounts {

@@ -50,6 +50,30 @@ TEST(CudaDevice, AsgdMatchesCpuKernelsBitForBit) {
   }
 }
 
+// Stochastic rounding: rounding_cases (cuda_on_host's) at production chunk
+// sizes, bit for bit against the CPU kernel. Float64 state takes one step
+// (its schedule's pow is libdevice's on the GPU: the next step's eta would
+// differ), which still keys the bits by the float64 step read on the device.
+TEST(CudaDevice, AsgdStochasticRoundingMatchesCpuKernelsBitForBit) {
+  if (!have_cuda_kernels()) GTEST_SKIP() << "no CUDA device, or torchext built without CUDA";
+  ASSERT_TRUE(cpu_isa_fuses()) << "the CPU kernels fuse like torch's CUDA kernels only with FMA";
+  for (ASGDCase c : rounding_cases(5, 12, 300000)) {
+    if (c.state_dtype == at::kDouble) c.steps = 1;
+    Arena arena;
+    ASGDTensors cpu = make_asgd_tensors(c, arena);
+    ASGDTensors gpu = cpu.to(at::kCUDA);
+    run_reference(c, cpu);
+    for (int s = 0; s < c.steps; ++s) {
+      ASGDTensors with_skips = gpu;  // a skipped entry has no grad, as in a real step
+      for (size_t i = 0; i < c.skip.size(); ++i) {
+        if (c.skip[i]) with_skips.grads[i] = at::Tensor();
+      }
+      call_asgd(c, with_skips);
+    }
+    EXPECT_TRUE(same_asgd_results(c, gpu.to(at::kCPU), cpu)) << c.describe();
+  }
+}
+
 TEST(CudaDevice, ScanMatchesCpuKernelsBitForBit) {
   if (!have_cuda_kernels()) GTEST_SKIP() << "no CUDA device, or torchext built without CUDA";
   for (const auto& c : scan_cases(41, 30, 200000)) {

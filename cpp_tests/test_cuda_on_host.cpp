@@ -149,6 +149,9 @@ torchext::ASGDArgs host_args(const ASGDCase& c, const ASGDTensors& t) {
     a.etas = torchext::TensorRefs(at::TensorList(t.etas));
     a.steps = torchext::TensorRefs(at::TensorList(t.steps));
   }
+  a.rounding_seed = c.rounding_seed;
+  if (!c.rounding_ids.empty()) a.rounding_ids = c.rounding_ids;
+  if (!c.rounding_offsets.empty()) a.rounding_offsets = c.rounding_offsets;
   return a;
 }
 
@@ -510,6 +513,65 @@ TEST(CudaOnHost, AsgdProductionShape) {
   const RunCounts& update = runner.counts().at("asgd_: asgd_ update");
   EXPECT_EQ(update.launches, 2);
   EXPECT_EQ(update.blocks, 2100);
+}
+
+// Stochastic rounding: the bits of the CPU kernel, for every case of
+// rounding_cases in every small shape (both parameter layouts) and block
+// order, and at the production shapes.
+TEST(CudaOnHost, AsgdStochasticRounding) {
+  if (!cpu_isa_fuses()) GTEST_SKIP() << "the CPU kernels fuse like the CUDA kernels only with FMA";
+  int checked = 0;
+  for (const ASGDCase& c : rounding_cases(1, 10, 150)) {
+    for (const Shape* shape : kSmallShapes) {
+      for (BlockOrder o : kOrders) {
+        EXPECT_TRUE(check_asgd_case(c, *shape, o));
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 16 * 4 * 3);
+  // Tensors of several 4K chunks, 512 threads; the large layout's metadata
+  // and the classic one's.
+  for (const ASGDCase& c : rounding_cases(2, 8, 20000)) {
+    EXPECT_TRUE(check_asgd_case(c, kProduction, BlockOrder::kShuffled));
+    EXPECT_TRUE(check_asgd_case(c, kProductionClassic, BlockOrder::kReverse));
+  }
+}
+
+// Stochastic rounding goes through its own launches (fp16/bf16 only) and
+// changes their bits, nothing else: without rounding_seed, the same list
+// gives the round-to-nearest results, which differ in some fp16/bf16
+// elements and equal them in every other dtype.
+TEST(CudaOnHost, AsgdStochasticRoundingOnlyWhereAsked) {
+  for (const ASGDCase& sr : rounding_cases(3, 8, 100)) {
+    ASGDCase nearest = sr;
+    nearest.rounding_seed.reset();
+    nearest.rounding_ids.clear();
+    nearest.rounding_offsets.clear();
+    Arena arena_sr, arena_nearest;
+    ASGDTensors a = make_asgd_tensors(sr, arena_sr), b = make_asgd_tensors(nearest, arena_nearest);
+    auto ra = make_runner(kSmall, BlockOrder::kForward, 1);
+    auto rb = make_runner(kSmall, BlockOrder::kForward, 1);
+    run_on_host(sr, a, ra);
+    run_on_host(nearest, b, rb);
+    const std::string sr_name = "asgd_: asgd_ update (stochastic rounding)";
+    const std::string nearest_name = "asgd_: asgd_ update";
+    EXPECT_GT(ra.counts().at(sr_name).launches, 0) << sr.describe();
+    EXPECT_EQ(rb.counts().count(sr_name), 0u) << sr.describe();
+    int64_t differ = 0;
+    for (size_t i = 0; i < sr.entries.size(); ++i) {
+      const at::ScalarType dt = sr.entries[i].dtype;
+      if (dt == at::kHalf || dt == at::kBFloat16) {
+        differ += (a.params[i].view(at::kShort) != b.params[i].view(at::kShort))
+                      .sum()
+                      .item<int64_t>();
+      } else {
+        EXPECT_TRUE(same_bits(a.params[i], b.params[i], "param"));
+        EXPECT_TRUE(same_bits(a.axs[i], b.axs[i], "ax"));
+      }
+    }
+    EXPECT_GT(differ, 0) << sr.describe() << ": stochastic rounding changed nothing";
+  }
 }
 
 // The production chunk size follows the list: 64K chunks for tensors of
@@ -1107,6 +1169,38 @@ TEST(CudaOnHostPlantedBugs, WrongSlotIsCaught) {
     EXPECT_FALSE(r) << "a wrong slot in a full large launch went unnoticed";
     std::printf("planted kWrongSlot, production %s: %s\n", packed ? "packed" : "lists",
                 std::string(r.message()).substr(0, 300).c_str());
+  }
+}
+
+// Stochastic rounding's element index counted from the chunk, or without
+// the tensor's offset: the cases whose tensors span chunks (all of them in
+// the tiny shapes), or that give offsets, fail.
+TEST(CudaOnHostPlantedBugs, StochasticRoundingIndexIsChecked) {
+  if (!cpu_isa_fuses()) GTEST_SKIP() << "the CPU kernels fuse like the CUDA kernels only with FMA";
+  const std::vector<ASGDCase> cases = rounding_cases(4, 8, 120);
+  for (const Shape* shape : {&kTiny, &kSmallClassic}) {
+    int chunk_failures = 0, offset_failures = 0, with_offsets = 0;
+    std::string first;
+    for (const ASGDCase& c : cases) {
+      const auto r = check_asgd_case<PlantedBug::kRoundingIndexFromChunk>(
+          c, *shape, BlockOrder::kForward, /*count=*/false);
+      if (!r && chunk_failures++ == 0) first = r.message();
+      const auto o = check_asgd_case<PlantedBug::kRoundingOffsetDropped>(
+          c, *shape, BlockOrder::kReverse, /*count=*/false);
+      offset_failures += o ? 0 : 1;
+      with_offsets += c.rounding_offsets.empty() ? 0 : 1;
+      if (c.rounding_offsets.empty()) {
+        EXPECT_TRUE(o) << "no offsets: the planted bug changes nothing, yet: " << o.message();
+      }
+    }
+    EXPECT_EQ(chunk_failures, static_cast<int>(cases.size()))
+        << shape->name << ": an element index counted from the chunk went unnoticed";
+    EXPECT_EQ(offset_failures, with_offsets)
+        << shape->name << ": dropped rounding_offsets went unnoticed";
+    std::printf("planted kRoundingIndexFromChunk, %s: %d of %zu cases fail; first: %s\n",
+                shape->name, chunk_failures, cases.size(), first.substr(0, 300).c_str());
+    std::printf("planted kRoundingOffsetDropped, %s: %d of %d cases with offsets fail\n",
+                shape->name, offset_failures, with_offsets);
   }
 }
 
