@@ -505,16 +505,18 @@ std::vector<ASGDCase> rounding_cases(uint64_t seed, int64_t nentries, int64_t ma
           c.maximize = pick(rng) < 25;
           if (pick(rng) < 40) c.grad_scale = 1024.f;
           if (pick(rng) < 35) c.clip_coef = 0.37;
+          // Entry i's dtype and average: the four fp16/bf16 kinds, then another dtype.
+          const std::pair<at::ScalarType, at::ScalarType> kinds[] = {
+              {at::kBFloat16, at::ScalarType::Undefined}, {at::kHalf, at::kFloat},
+              {at::kBFloat16, at::kFloat}, {at::kHalf, at::ScalarType::Undefined}};
           const at::ScalarType others[] = {at::kFloat, at::kDouble, at::kComplexFloat};
           for (int64_t i = 0; i < nentries; ++i) {
             EntrySpec e{};
             e.numel = numel(rng) | 1;  // odd: never a multiple of kILP
-            e.dtype = i % 4 == 3 ? others[pick(rng) % 3]
-                                 : i % 2 == 0 ? at::kBFloat16 : at::kHalf;
-            if (i % 4 == 1 || i % 4 == 2) {
-              if (e.dtype != others[0] && e.dtype != others[1] && e.dtype != others[2]) {
-                e.ax_dtype = at::kFloat;
-              }
+            if (i % 5 == 4) {
+              e.dtype = others[pick(rng) % 3];
+            } else {
+              std::tie(e.dtype, e.ax_dtype) = kinds[i % 5];
             }
             for (int d = 0; d < 3; ++d) {
               e.offset[d] = pick(rng) < 60 ? 0 : 1 + pick(rng) % 3;  // 40%: the scalar loop
