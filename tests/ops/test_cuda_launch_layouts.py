@@ -113,6 +113,75 @@ def test_launch_counts_of_each_layout(monkeypatch, large_in_graph, shape):
     assert update_launches(graph.replay) == (large if large_in_graph else classic)
 
 
+def sr_state(n, numel, packed, seed=3):
+    """asgd_'s arguments for n bf16 params with a float32 average on the GPU,
+    and stochastic rounding's (ids past 2**32, offsets of shards)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+
+    def rnd():
+        return torch.randn(numel, generator=g, device="cuda").to(torch.bfloat16)
+
+    params, grads = [rnd() for _ in range(n)], [rnd() for _ in range(n)]
+    axs = [p.float() for p in params]
+    steps = torch.arange(n, device="cuda", dtype=torch.float32) % 5
+    etas = 0.01 / (1 + 1e-4 * 0.01 * steps) ** 0.75
+    mus = 1 / torch.clamp(steps - 2.0, min=1.0)
+    state = [mus, etas, steps] if packed else [list(t.clone().unbind()) for t in (mus, etas, steps)]
+    rounding = dict(rounding_seed=1234, rounding_ids=[(3 << 32) + i for i in range(n)],
+                    rounding_offsets=[numel * i for i in range(n)])
+    return [params, grads, axs], state, torch.tensor(0.01, device="cuda"), rounding
+
+
+def sr_step(lists, state, lr, rounding):
+    op = ops.asgd_.packed if torch.is_tensor(state[0]) else ops.asgd_.default
+    op(*lists, *state, lr=lr, **HYPER, **rounding)
+
+
+def bits(t):
+    return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+# Stochastic rounding keys its bits by each tensor's step, read by the update
+# kernel itself: every replay of a captured step draws new bits, as the eager
+# steps do, and the per-tensor ids and offsets ride in the launch metadata.
+@requires_cuda
+@pytest.mark.parametrize("large_in_graph", [False, True], ids=["classic graph", "large graph"])
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "lists"])
+def test_captured_stochastic_rounding_replays_like_eager(monkeypatch, large_in_graph, packed):
+    if large_in_graph:
+        monkeypatch.setenv("TORCHEXT_CUDA_GRAPH_LARGE_PARAMS", "1")
+    lists, state, lr, rounding = sr_state(300, 5000, packed)
+    initial = [t.clone() for t in lists[0]]
+    captured = ([[t.clone() for t in lst] for lst in lists],
+                [t.clone() if torch.is_tensor(t) else [x.clone() for x in t] for t in state])
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        sr_step(lists, state, lr, rounding)
+        sr_step(*captured, lr, rounding)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        sr_step(*captured, lr, rounding)
+    for _ in range(3):
+        sr_step(lists, state, lr, rounding)
+        graph.replay()
+    torch.cuda.synchronize()
+    for x_list, y_list in zip(captured[0], lists):
+        for x, y in zip(x_list, y_list):
+            assert torch.equal(bits(x), bits(y))
+    flat = lambda st: [t for x in st for t in ([x] if torch.is_tensor(x) else x)]  # noqa: E731
+    for x, y in zip(flat(captured[1]), flat(state)):
+        assert torch.equal(bits(x), bits(y))
+    assert not torch.equal(lists[0][0], initial[0])
+    # The rounding goes through its own kernels, in the replays too.
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    assert any("RoundStochastic" in e.name for e in prof.events())
+
+
 # tensor_norms: (tensors, elements) -> chunk launches per call (large layout,
 # classic layout), then one combine launch. The norms do not depend on the
 # layout: a captured call (classic) gives the eager (large) one's bits.
