@@ -879,7 +879,7 @@ def split_reference(out):
         params = [torch.nn.Parameter(torch.zeros(1, device=d)) for d in devices]
         group = {"params": params, "fused": None, "differentiable": False, "t0": 1.0,
                  "t0_per_param": t0s}
-        slots = ParamGroupSlots(group, StateMap(Generation()))
+        slots = ParamGroupSlots(group, StateMap(Generation()), 0)
         pre = f"case{c}/"
         ref[pre + "devices"] = torch.tensor([SPLIT_DEVICES.index(d) for d in devices])
         ref[pre + "t0s"] = torch.tensor([1.0] * len(devices) if t0s is None else t0s,
