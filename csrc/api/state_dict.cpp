@@ -272,8 +272,10 @@ void check_option(const std::string& where, const char* key,
 
 // Options of a saved group: Python's keys (torch.optim.ASGD or torchext),
 // with the rules of Python's _check_group (torchext/optim/_checkpoint.py).
+// `defaults`: the optimizer's, for keys a file from before them lacks.
 ASGDOptions group_options(const GenericDict& g, const std::string& where,
-                          const torch::optim::OptimizerParamGroup& current) {
+                          const torch::optim::OptimizerParamGroup& current,
+                          const ASGDOptions& defaults) {
   for (const char* key : {"lr", "lambd", "alpha", "t0", "weight_decay"}) get(g, key, where);
   ASGDOptions o;
   const auto& lr = get(g, "lr", where);
@@ -340,6 +342,21 @@ ASGDOptions group_options(const GenericDict& g, const std::string& where,
                                       : std::string(avg->tagKind()));
     o.average_dtype(at::kFloat);
   }
+  // Python's check_rounding: a bool and an int64; absent (torch's checkpoint,
+  // an older torchext one): the optimizer's defaults, as Python's
+  // __setstate__ keeps the constructor's.
+  const bool sr = *flag(g, "stochastic_rounding", where, defaults.stochastic_rounding(), false);
+  const auto* seed = find(g, "rounding_seed");
+  TORCH_CHECK_VALUE(seed == nullptr || seed->isInt(), where,
+                    "['rounding_seed'] must be an int (int64), got ",
+                    seed == nullptr ? std::string() : seed->tagKind());
+  TORCH_CHECK_VALUE(!(sr && differentiable), where,
+                    "['stochastic_rounding']: stochastic_rounding=True needs the fused op, but "
+                    "differentiable=True takes torch's unfused path, which rounds to nearest");
+  check_option(where, "stochastic_rounding",
+               [&](ASGDOptions& x) { x.stochastic_rounding(sr).fused(o.fused()); });
+  o.stochastic_rounding(sr);
+  o.rounding_seed(seed == nullptr ? defaults.rounding_seed() : seed->toInt());
   return o;
 }
 
@@ -394,6 +411,8 @@ void save_state_dict(const ASGD& optimizer, const std::string& path) {
     // rewritten for the TorchScript unpickler]).
     g.insert("average_dtype", o.average_dtype().has_value() ? c10::IValue("float32")
                                                             : c10::IValue());
+    g.insert("stochastic_rounding", o.stochastic_rounding());
+    g.insert("rounding_seed", o.rounding_seed());
     if (!o.t0_per_param().empty()) {  // Python's key (start_averaging)
       c10::impl::GenericList t0s(c10::AnyType::get());
       for (const double t : o.t0_per_param()) t0s.push_back(t);
@@ -463,7 +482,8 @@ void load_state_dict(ASGD& optimizer, const std::string& path) {
                         "['params'][", k, "]: id ", id.toInt(), " appears twice");
       id_to_group.emplace(id.toInt(), gi);
     }
-    options.push_back(group_options(sg, where, groups[gi]));
+    options.push_back(group_options(sg, where, groups[gi],
+                                    static_cast<const ASGDOptions&>(optimizer.defaults())));
     optim::check_t0_per_param_size(options.back(), params.size(), where);
   }
   std::vector<std::pair<void*, std::unique_ptr<ASGDParamState>>> states;
