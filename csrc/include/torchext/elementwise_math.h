@@ -268,10 +268,17 @@ C10_HOST_DEVICE inline uint64_t sr_key(uint64_t stream, double step) {
 
 // 32 random bits for the element at `index` (two rounds of hash32, keyed by
 // the two halves of `key`; the index's high half joins the second round).
+// sr_bits32 is the same with those parts split out: k0 = the key's low
+// half, k1_hi = its high half + the index's high half, lo = the index's low
+// half (the CPU loops vectorize it over lanes that share k1_hi).
+C10_HOST_DEVICE inline uint32_t sr_bits32(uint32_t k0, uint32_t k1_hi, uint32_t lo) {
+  return hash32(hash32(lo ^ k0) ^ k1_hi);
+}
 C10_HOST_DEVICE inline uint32_t sr_bits(uint64_t key, int64_t index) {
   const uint64_t i = static_cast<uint64_t>(index);
-  const uint32_t h = hash32(static_cast<uint32_t>(i) ^ static_cast<uint32_t>(key));
-  return hash32(h ^ (static_cast<uint32_t>(key >> 32) + static_cast<uint32_t>(i >> 32)));
+  return sr_bits32(static_cast<uint32_t>(key),
+                   static_cast<uint32_t>(key >> 32) + static_cast<uint32_t>(i >> 32),
+                   static_cast<uint32_t>(i));
 }
 
 // x rounded stochastically to bfloat16 with the random bits r, as bits: the
@@ -279,12 +286,13 @@ C10_HOST_DEVICE inline uint32_t sr_bits(uint64_t key, int64_t index) {
 // with probability (dropped bits) / 2**16, exactly. Past the largest finite
 // bfloat16 the carry makes inf, with that probability; inf stays inf, NaN
 // stays a (quiet) NaN.
+// (Both are written branch-free, selects only, so that the CPU loops
+// vectorize them.)
 C10_HOST_DEVICE inline uint16_t bf16_bits_stochastic(float x, uint32_t r) {
   const uint32_t b = float_bits(x);
-  if ((b & 0x7fffffffu) > 0x7f800000u) {
-    return static_cast<uint16_t>((b >> 16) | 0x40u);
-  }
-  return static_cast<uint16_t>((b + (r >> 16)) >> 16);
+  const uint32_t nan = (b >> 16) | 0x40u;
+  const uint32_t rounded = (b + (r >> 16)) >> 16;
+  return static_cast<uint16_t>((b & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
 
 // The same for float16. Its normal range (|x| >= 2**-14) drops 13 of
@@ -299,19 +307,23 @@ C10_HOST_DEVICE inline uint16_t fp16_bits_stochastic(float x, uint32_t r) {
   const uint32_t b = float_bits(x);
   const uint32_t sign = (b >> 16) & 0x8000u;
   const uint32_t a = b & 0x7fffffffu;
-  if (a >= 0x7f800000u) {
-    return static_cast<uint16_t>(sign | (a > 0x7f800000u ? 0x7e00u : 0x7c00u));
-  }
-  if (a >= 0x38800000u) {  // 2**-14: fp16's normal range, or overflow
-    if (a >= 0x47800000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65536
-    const uint32_t h = ((a + (r >> 19)) >> 13) - (112u << 10);
-    return static_cast<uint16_t>(sign | (h > 0x7c00u ? 0x7c00u : h));
-  }
-  const float k = ::fabsf(x) * 16777216.0f;  // in units of 2**-24, < 2**10
+  // fp16's normal range (|x| >= 2**-14), or overflow: the sum is at most
+  // 0x7f801fff, so the rebiased value is >= 0x7c00 exactly from 65536 up
+  // (inf included) and is clamped to inf there.
+  uint32_t normal = ((a + (r >> 19)) >> 13) - (112u << 10);
+  normal = normal > 0x7c00u ? 0x7c00u : normal;
+  // subnormals: |x| in units of 2**-24 (exact; |x| capped at 2**-14 so that
+  // the lanes that take the other result convert a small number too)
+  const float ax = ::fabsf(x);
+  const float capped = ax < 6.103515625e-05f ? ax : 6.103515625e-05f;  // (NaN: capped too)
+  const float k = capped * 16777216.0f;
   const float whole = ::floorf(k);
-  const float frac = k - whole;              // exact
+  const float frac = k - whole;  // exact
   const float u = static_cast<float>(r >> 8) * 5.9604644775390625e-8f;  // r / 2**32, 24 bits
-  return static_cast<uint16_t>(sign | (static_cast<uint32_t>(whole) + (u < frac ? 1u : 0u)));
+  const uint32_t sub = static_cast<uint32_t>(static_cast<int32_t>(whole)) + (u < frac ? 1u : 0u);
+  uint32_t h = a >= 0x38800000u ? normal : sub;
+  h = a > 0x7f800000u ? 0x7e00u : h;  // NaN stays a (quiet) NaN
+  return static_cast<uint16_t>(sign | h);
 }
 
 // x rounded stochastically to T (c10::BFloat16 or c10::Half) with bits r.
