@@ -10,6 +10,7 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <tuple>
 #include <utility>
@@ -69,30 +70,37 @@ Vectorized<scalar_t> round_to_stored(const Vectorized<float>& p0, const Vectoriz
   } else {
     // Plain loops over the lanes, which -O3 vectorizes (the hash is 32-bit
     // multiplies and shifts, the rounding selects): scalar code here made
-    // an fp16 step 3-4x slower than round to nearest.
+    // an fp16 step 3-4x slower than round to nearest. One hash per pair of
+    // elements (math::sr_bits): the lanes' 16-bit halves, read from the
+    // pair hashes as uint16, start at the first lane's parity.
     constexpr int kN = 2 * Vectorized<float>::size();
     alignas(64) float x[kN];
-    alignas(64) uint32_t r[kN];
+    alignas(64) uint32_t h[kN / 2 + 1];
     alignas(64) uint16_t out[kN];
     p0.store(x);
     p1.store(x + kN / 2);
     const uint64_t base = static_cast<uint64_t>(s.sr_index + i);
-    const uint32_t lo = static_cast<uint32_t>(base);
-    if (lo <= UINT32_MAX - kN) {  // the lanes share the index's high half
+    const uint64_t pair = base >> 1;
+    const uint32_t lo = static_cast<uint32_t>(pair);
+    if (lo <= UINT32_MAX - kN) {  // the pairs share the pair index's high half
       const uint32_t k0 = static_cast<uint32_t>(s.sr_key);
       const uint32_t k1_hi =
-          static_cast<uint32_t>(s.sr_key >> 32) + static_cast<uint32_t>(base >> 32);
+          static_cast<uint32_t>(s.sr_key >> 32) + static_cast<uint32_t>(pair >> 32);
 #pragma omp simd
-      for (int j = 0; j < kN; ++j) r[j] = math::sr_bits32(k0, k1_hi, lo + j);
+      for (int j = 0; j <= kN / 2; ++j) h[j] = math::sr_pair_bits32(k0, k1_hi, lo + j);
     } else {
-      for (int j = 0; j < kN; ++j) r[j] = math::sr_bits(s.sr_key, base + j);
+      for (int j = 0; j <= kN / 2; ++j) h[j] = math::sr_pair_bits(s.sr_key, pair + j);
     }
+    static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the uint16 view below");
+    alignas(64) uint16_t r[kN + 2];
+    std::memcpy(r, h, sizeof h);  // little-endian: pair m's low half, then its high half
+    const uint16_t* rl = r + (base & 1);
     if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
 #pragma omp simd
-      for (int j = 0; j < kN; ++j) out[j] = math::bf16_bits_stochastic(x[j], r[j]);
+      for (int j = 0; j < kN; ++j) out[j] = math::bf16_bits_stochastic(x[j], rl[j]);
     } else {
 #pragma omp simd
-      for (int j = 0; j < kN; ++j) out[j] = math::fp16_bits_stochastic(x[j], r[j]);
+      for (int j = 0; j < kN; ++j) out[j] = math::fp16_bits_stochastic(x[j], rl[j]);
     }
     return Vectorized<scalar_t>::loadu(out);
   }
