@@ -576,10 +576,12 @@ void ASGD::step_impl(const torch::Tensor* grad_scale, const torch::Tensor* found
     // Python's check_rounding_route, before anything is written or created.
     if (all.rounding_seed.has_value() && !plan.fused) {
       std::string why = "fused=false";
-      for (const auto& p : group.params()) {
-        if (!o.fused().has_value() && !fused_device(p.device())) {
-          why = c10::str("parameters on ", p.device(), " (no torchext kernels)");
-          break;
+      if (!o.fused().has_value()) {
+        for (const auto& p : group.params()) {
+          if (!fused_device(p.device())) {
+            why = c10::str("parameters on ", p.device(), " (no torchext kernels)");
+            break;
+          }
         }
       }
       TORCH_CHECK_VALUE(false, "ASGD.step: param_groups[", gi, "]: stochastic_rounding=true "
