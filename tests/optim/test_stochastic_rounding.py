@@ -409,6 +409,7 @@ def test_the_flag_changed_between_steps_takes_effect():
 
 # ------------------------------------------------- the pinned experiment
 
+@pytest.mark.experiment
 def test_bf16_training_with_stochastic_rounding_comes_within_2_percent_of_fp32():
     """The issue's experiment (tests/optim/test_low_precision.py's task,
     model, data and seeds): the bf16 last iterate's validation loss with
