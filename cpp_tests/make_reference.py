@@ -51,6 +51,17 @@ Everything is produced by PyTorch itself at test time (nothing is committed):
                   and "float64" there (refused);
                   lowp_torch_bfloat16.pt: torch.optim.ASGD's bf16
                   checkpoint (bf16 ax), which loads widened to float32.
+  sr_ref.pt       torchext.optim.ASGD(stochastic_rounding=True) on bf16 and
+                  fp16 params (two groups, own seeds, a group split by
+                  t0_per_param, a param without a grad at some steps), the
+                  same run rounded to nearest, and bf16 runs through
+                  GradScaler.step / clip_and_step and ASGD.clip_and_step: the
+                  C++ replay must match bit for bit. sr_py_{bfloat16,float16}.pt:
+                  the runs saved halfway (C++ continues them and saves again,
+                  resume_in_python.py finishes); sr_py_old_bfloat16.pt: without
+                  the keys (the optimizer's defaults apply); sr_seed*_bfloat16.pt:
+                  seeds across int64 (each pickled its own way); sr_bad_*.pt:
+                  bad values of the keys, or the flag on the unfused path (refused).
   corrupt/        tests/checkpoint_corruptions.py's table: each corrupted
                   state dict (torch.save), the good ones, and index.txt.
 Files are torch.save'd dicts of tensors; C++ reads them with torch::pickle_load.
@@ -833,6 +844,137 @@ def low_precision_reference(out):
     torch.save(ref, os.path.join(out, "lowp_ref.pt"))
 
 
+# ---- stochastic rounding of fp16/bf16 parameters (issue 47) ----------------
+# torchext.optim.ASGD(stochastic_rounding=True): two groups with their own
+# seeds (one negative, one past 32 bits); group 0 split into two op calls by
+# t0_per_param and its param 1 without a grad at SR_NO_GRAD, so each param's
+# id (group << 32 | index in the group) is its place in the group, not in an
+# op call. Python runs [0, SR_HALF) and saves; C++ continues to SR_CPP_STOP
+# and saves; resume_in_python.py finishes. The uninterrupted run is the
+# reference (test_stochastic_rounding.cpp).
+SR_STEPS, SR_HALF, SR_CPP_STOP = 24, 10, 17
+SR_SHAPES = [(5, 4), (4,), (3, 2, 2), (7,)]
+SR_NO_GRAD = (2, 3, 13)  # param 1 has no grad at these steps
+SR_DEFAULT_SEED = 2**40 + 12345
+# Seeds Python pickles each its own way (BININT, LONG1 of 5 to 8 bytes).
+SR_SEEDS = [2**31 - 1, 2**31, -2**31 - 1, -2**47, 2**55, -2**63, 2**63 - 1]
+SR_GROUPS = [dict(idx=(0, 1, 2), lr=0.05, lambd=1e-3, alpha=0.75, t0=3.0, weight_decay=1e-2,
+                  t0_per_param=[3.0, 0.0, 3.0]),
+             dict(idx=(3,), lr=0.02, lambd=1e-4, alpha=0.75, t0=0.0, weight_decay=0.0,
+                  rounding_seed=-7)]
+# The scaler's and the clips' paths (bf16, one group): GradScaler.step,
+# GradScaler.clip_and_step, ASGD.clip_and_step.
+SR_AMP_VARIANTS = ("scaler_step", "scaler_clip_and_step", "clip_and_step")
+SR_AMP_STEPS = 12
+SR_AMP_OVERFLOW = (2, 6)  # an inf in param 0's grad (scaled runs)
+SR_AMP_MAX_NORM = 0.5
+SR_AMP_SCALER = dict(init_scale=2.0 ** 4, growth_interval=3)
+
+
+def sr_asgd(params, **kw):
+    from torchext.optim import ASGD as TorchextASGD
+    return TorchextASGD([dict(params=[params[i] for i in g["idx"]],
+                              **{k: v for k, v in g.items() if k != "idx"}) for g in SR_GROUPS],
+                        **kw)
+
+
+def sr_steps(opt, params, grads, start, stop):
+    for s in range(start, stop):
+        for i, (p, g) in enumerate(zip(params, grads)):
+            p.grad = None if i == 1 and s in SR_NO_GRAD else g[s].clone()
+        opt.step()
+
+
+def sr_amp_run(variant, init, grads):
+    """SR_AMP_STEPS of one SR_AMP_VARIANTS entry: the grads set scaled by
+    hand (grad * scale, exact), an inf at SR_AMP_OVERFLOW in scaled runs."""
+    from torchext.amp import GradScaler
+    from torchext.optim import ASGD as TorchextASGD
+    params = [t.clone().requires_grad_() for t in init]
+    opt = TorchextASGD(params, lr=0.05, t0=3, stochastic_rounding=True, rounding_seed=99)
+    scaler = None if variant == "clip_and_step" else GradScaler(**SR_AMP_SCALER)
+    for s in range(SR_AMP_STEPS):
+        scale = 1.0 if scaler is None else scaler.scale(torch.ones(())).item()
+        for p, g in zip(params, grads):
+            p.grad = g[s] * scale
+        if scaler is None:
+            opt.clip_and_step(SR_AMP_MAX_NORM)
+            continue
+        if s in SR_AMP_OVERFLOW:
+            params[0].grad.view(-1)[1] = float("inf")
+        if variant == "scaler_step":
+            scaler.step(opt)
+        else:
+            scaler.clip_and_step(opt, SR_AMP_MAX_NORM)
+        scaler.update()
+    return params, opt
+
+
+def stochastic_rounding_reference(out):
+    gen = torch.Generator().manual_seed(4747)
+    ref = {"steps": torch.tensor(SR_STEPS), "half": torch.tensor(SR_HALF),
+           "cpp_stop": torch.tensor(SR_CPP_STOP), "no_grad": torch.tensor(SR_NO_GRAD),
+           "default_seed": torch.tensor(SR_DEFAULT_SEED), "amp_steps": torch.tensor(SR_AMP_STEPS),
+           "amp_max_norm": torch.tensor(SR_AMP_MAX_NORM, dtype=torch.float64)}
+    for dtype in (torch.bfloat16, torch.float16):
+        name = str(dtype).split(".")[-1]
+        init = [torch.randn(s, generator=gen, dtype=torch.float64).to(dtype) for s in SR_SHAPES]
+        grads = [torch.randn((SR_STEPS,) + s, generator=gen, dtype=torch.float64).to(dtype)
+                 for s in SR_SHAPES]
+        ref.update({f"{name}/init{i}": t for i, t in enumerate(init)})
+        ref.update({f"{name}/grads{i}": g for i, g in enumerate(grads)})
+        params = [t.clone().requires_grad_() for t in init]
+        opt = sr_asgd(params, stochastic_rounding=True, rounding_seed=SR_DEFAULT_SEED)
+        assert [g["rounding_seed"] for g in opt.param_groups] == [SR_DEFAULT_SEED, -7]
+        sr_steps(opt, params, grads, 0, SR_HALF)
+        sd = opt.state_dict()
+        torch.save(sd, os.path.join(out, f"sr_py_{name}.pt"))
+        ref.update(flat_state(opt, params, f"{name}/half_"))
+        sr_steps(opt, params, grads, SR_HALF, SR_STEPS)
+        ref.update(flat_state(opt, params, f"{name}/final_"))
+        if dtype == torch.bfloat16:
+            # A file from before the keys: the loading optimizer's defaults apply.
+            old = copy.deepcopy(sd)
+            for g in old["param_groups"]:
+                del g["stochastic_rounding"], g["rounding_seed"]
+            torch.save(old, os.path.join(out, f"sr_py_old_{name}.pt"))
+            # Refused whole (beyond the shared corruption table's cases).
+            bad = {"sr_none": ("stochastic_rounding", None),
+                   "sr_string": ("stochastic_rounding", "yes"),
+                   "seed_bool": ("rounding_seed", True),
+                   "seed_none": ("rounding_seed", None),
+                   "seed_tensor": ("rounding_seed", torch.tensor(7)),
+                   "sr_fused_false": ("fused", False),
+                   "sr_differentiable": ("differentiable", True),
+                   "seed_beyond_int64": ("rounding_seed", 2**63)}
+            for bad_name, (key, value) in bad.items():
+                bad_sd = copy.deepcopy(sd)
+                bad_sd["param_groups"][1][key] = value
+                torch.save(bad_sd, os.path.join(out, f"sr_bad_{bad_name}.pt"))
+            for k, seed in enumerate(SR_SEEDS):
+                seed_sd = copy.deepcopy(sd)
+                seed_sd["param_groups"][1]["rounding_seed"] = seed
+                # an unknown key whose string holds the bytes of a dtype
+                # global and of a LONG1: left alone
+                seed_sd["param_groups"][1]["note"] = "ctorch\nfloat32\n\x8a\x01\x07"
+                torch.save(seed_sd, os.path.join(out, f"sr_seed{k}_{name}.pt"))
+            ref["seeds"] = torch.tensor(SR_SEEDS)
+            # Round to nearest (the flag off), the same run: other bits.
+            params = [t.clone().requires_grad_() for t in init]
+            off = sr_asgd(params)
+            sr_steps(off, params, grads, 0, SR_STEPS)
+            ref.update(flat_state(off, params, f"{name}/nearest_"))
+    name = "bfloat16"
+    init = [ref[f"{name}/init{i}"] for i in (0, 1)]
+    grads = [ref[f"{name}/grads{i}"][:SR_AMP_STEPS] for i in (0, 1)]
+    for variant in SR_AMP_VARIANTS:
+        params, opt = sr_amp_run(variant, init, grads)
+        assert opt.state[params[0]]["step"].item() == SR_AMP_STEPS - (
+            0 if variant == "clip_and_step" else len(SR_AMP_OVERFLOW))
+        ref.update(flat_state(opt, params, f"amp/{variant}/"))
+    torch.save(ref, os.path.join(out, "sr_ref.pt"))
+
+
 # ---- corrupted checkpoints (tests/checkpoint_corruptions.py) ---------------
 
 def corrupt_reference(out):
@@ -879,7 +1021,7 @@ def split_reference(out):
         params = [torch.nn.Parameter(torch.zeros(1, device=d)) for d in devices]
         group = {"params": params, "fused": None, "differentiable": False, "t0": 1.0,
                  "t0_per_param": t0s}
-        slots = ParamGroupSlots(group, StateMap(Generation()))
+        slots = ParamGroupSlots(group, StateMap(Generation()), 0)
         pre = f"case{c}/"
         ref[pre + "devices"] = torch.tensor([SPLIT_DEVICES.index(d) for d in devices])
         ref[pre + "t0s"] = torch.tensor([1.0] * len(devices) if t0s is None else t0s,
@@ -904,6 +1046,7 @@ def main(argv):
     clip_reference(out)
     unfused_reference(out)
     low_precision_reference(out)
+    stochastic_rounding_reference(out)
     split_reference(out)
     update_scale_reference(out)
     corrupt_reference(out)

@@ -1,5 +1,6 @@
 """C++ -> Python: loads what the C++ tests saved with torchext::save_state_dict
-(test_checkpoint.cpp) and finishes the run in Python, in torchext.optim.ASGD
+(test_checkpoint.cpp, test_low_precision.cpp, test_stochastic_rounding.cpp) and
+finishes the run in Python, in torchext.optim.ASGD
 (bit for bit against the run that never left Python) and torch.optim.ASGD
 (its for-loop kernel: ~1e-6), and the scaler in torchext.amp.GradScaler and
 torch.amp.GradScaler. Run by ctest after the C++ tests:
@@ -130,6 +131,34 @@ def check_low_precision(ref_dir):
     print("resume_in_python: bf16 with a float32 ax saved by C++ loads bit for bit")
 
 
+def check_stochastic_rounding(ref_dir):
+    """The runs C++ continued from Python's halfway checkpoint and saved
+    (test_stochastic_rounding.cpp): loaded into an optimizer with other
+    settings, the file's flag and seeds win, and torchext finishes each run
+    with the bits of the run that never left Python."""
+    ref = load(ref_dir, "sr_ref.pt")
+    for name in ("bfloat16", "float16"):
+        sd = load(ref_dir, f"sr_cpp_{name}.pt")
+        seeds = [mr.SR_DEFAULT_SEED, -7]
+        assert [g["stochastic_rounding"] for g in sd["param_groups"]] == [True, True], sd
+        assert [g["rounding_seed"] for g in sd["param_groups"]] == seeds, sd
+        cpp_params = load_params(ref_dir, f"sr_cpp_params_{name}.pt")
+        params = [cpp_params[f"param{i}"].clone().requires_grad_()
+                  for i in range(len(mr.SR_SHAPES))]
+        # Other options (rounding off, seed 0): they must come from the file.
+        opt = TorchextASGD([dict(params=params[:3]), dict(params=params[3:])], lr=0.5)
+        opt.load_state_dict(sd)
+        assert [g["rounding_seed"] for g in opt.param_groups] == seeds
+        grads = [ref[f"{name}/grads{i}"] for i in range(len(params))]
+        mr.sr_steps(opt, params, grads, mr.SR_CPP_STOP, mr.SR_STEPS)
+        for i, p in enumerate(params):
+            for key in ("param", "ax", "step", "eta", "mu"):
+                got = p.detach() if key == "param" else opt.state[p][key]
+                want = ref[f"{name}/final_{key}{i}"]
+                assert got.dtype == want.dtype and torch.equal(got, want), ("sr", name, key, i)
+    print("resume_in_python: stochastic rounding saved by C++ finishes bit for bit")
+
+
 def main(ref_dir):
     check_asgd(ref_dir, torch.float32)
     check_asgd(ref_dir, torch.float64)
@@ -137,6 +166,7 @@ def main(ref_dir):
     check_t0_per_param(ref_dir)
     check_tensor_lr(ref_dir)
     check_low_precision(ref_dir)
+    check_stochastic_rounding(ref_dir)
 
 
 if __name__ == "__main__":

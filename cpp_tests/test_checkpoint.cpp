@@ -85,8 +85,10 @@ std::vector<torch::Tensor> snapshot(const ASGD& opt, const std::vector<torch::Te
                                  o.fused().has_value() ? static_cast<double>(*o.fused()) : -1.0,
                                  o.average_dtype().has_value()
                                      ? static_cast<double>(*o.average_dtype()) : -1.0,
+                                 static_cast<double>(o.stochastic_rounding()),
                                  static_cast<double>(g.params().size())},
                                 torch::kDouble));
+    out.push_back(torch::tensor(o.rounding_seed(), torch::kLong));
     out.push_back(torch::tensor(o.t0_per_param(), torch::kDouble));
     out.push_back(o.has_tensor_lr() ? o.lr_tensor().clone() : torch::full({}, -1.0));
   }
@@ -568,6 +570,8 @@ TEST(CorruptCheckpoints, LibTorchArchivesRefusedWhole) {
        [&](ASGD& o, auto&) { options(o, 0).t0_per_param({1.0}); }},
       {"t0_per_param nan", "t0_per_param",
        [&](ASGD& o, auto&) { options(o, 0).t0_per_param({1.0, nan}); }},
+      {"stochastic_rounding with fused=false", "stochastic_rounding",
+       [&](ASGD& o, auto&) { options(o, 1).stochastic_rounding(true).fused(false); }},
       {"ax wrong shape", "'ax'", [&](ASGD& o, auto& ps) { state(o, ps[2]).ax(torch::zeros({4})); }},
       {"ax int", "'ax'",
        [&](ASGD& o, auto& ps) { state(o, ps[2]).ax(torch::zeros({2, 2}, torch::kLong)); }},

@@ -169,6 +169,13 @@ def _asgd_cases() -> list[Corruption]:
         _set(G1 + ("average_dtype",), "float64"))
     add("average_dtype_other_dtype", ("param_groups[1]", "average_dtype"),
         _set(G1 + ("average_dtype",), torch.bfloat16))
+    # issue 47: stochastic rounding's flag is a bool, its seed an int64
+    add("stochastic_rounding_int", ("param_groups[1]", "stochastic_rounding"),
+        _set(G1 + ("stochastic_rounding",), 1))
+    add("rounding_seed_float", ("param_groups[1]", "rounding_seed"),
+        _set(G1 + ("rounding_seed",), 1.5))
+    add("rounding_seed_string", ("param_groups[1]", "rounding_seed"),
+        _set(G1 + ("rounding_seed",), "7"))
     # issue 25: a non-finite hyperparameter in the FIRST group too (inf lambd
     # loaded without a word and turned the next step NaN)
     for key in ("lr", "lambd", "alpha", "weight_decay"):

@@ -114,3 +114,30 @@ def to_local_lists(params, grads, axs, mus, etas, steps):
         return [to_local(x) for x in xs]
 
     return local(params), local(grads), local(axs), local(mus), local(etas), local(steps)
+
+
+def flat_offset(p: Tensor) -> int:
+    """The index, in the full tensor's row-major (logical) order, of the
+    first element of ``p``'s local shard: 0 for a plain tensor. Stochastic
+    rounding keys each element's random bits by that index, so that a run
+    resharded through DCP rounds every element as before. Only a shard that
+    is one contiguous block of the full tensor has such an offset (dim-0
+    sharding, FSDP2's default, and replication); others are refused."""
+    cls = _dtensor_cls()
+    if cls is None or not isinstance(p, cls):
+        return 0
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    shape = tuple(p.shape)
+    local, offset = compute_local_shape_and_global_offset(shape, p.device_mesh, p.placements)
+    partial = [d for d in range(len(shape)) if local[d] != shape[d]]
+    if partial and any(local[d] != 1 for d in range(partial[0])) or len(partial) > 1:
+        raise ValueError(
+            f"stochastic_rounding: a DTensor parameter placed as {tuple(p.placements)} "
+            f"(shape {shape}, local shard {tuple(local)}) is not one contiguous block of the "
+            "full tensor, so its elements have no single offset there; shard parameters on "
+            "dim 0 (FSDP2's default) or turn stochastic_rounding off")
+    flat, stride = 0, 1
+    for d in reversed(range(len(shape))):
+        flat += int(offset[d]) * stride
+        stride *= shape[d]
+    return flat

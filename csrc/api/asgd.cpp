@@ -40,6 +40,11 @@ struct DeviceCall {
   std::vector<at::Tensor> params, grads, axs, mus, etas, steps;
   std::optional<at::Tensor> grad_scale, found_inf, clip_coef;
   double t0 = 0.0;  // the group's t0, or its t0_per_param value for these params
+  // Stochastic rounding: the group's seed (nullopt: round to nearest) and
+  // each param's id, its group's index << 32 | its index in the group
+  // (Python's _op.rounding_id), whatever op call it lands in.
+  std::optional<int64_t> rounding_seed;
+  std::vector<int64_t> rounding_ids;
 
   ASGDHyperparams hyper(const ASGDOptions& o) const {
     auto h = ASGDHyperparams::from(o);
@@ -49,16 +54,25 @@ struct DeviceCall {
 
   ASGDArgs args(const ASGDOptions& o, const at::Tensor& lr) const {
     // (TensorRefs point into this DeviceCall's lists: use the args while it lives.)
-    return asgd_args(TensorRefs(params), TensorRefs(grads), TensorRefs(axs), TensorRefs(mus),
-                     TensorRefs(etas), TensorRefs(steps), lr, hyper(o), grad_scale, found_inf,
-                     clip_coef);
+    auto a = asgd_args(TensorRefs(params), TensorRefs(grads), TensorRefs(axs), TensorRefs(mus),
+                       TensorRefs(etas), TensorRefs(steps), lr, hyper(o), grad_scale, found_inf,
+                       clip_coef);
+    a.rounding_seed = rounding_seed;
+    if (rounding_seed.has_value()) a.rounding_ids = c10::IntArrayRef(rounding_ids);
+    return a;
+  }
+
+  // The op's rounding_* arguments (offsets: none, no param is a shard).
+  ASGDRoundingArgs rounding() const {
+    if (!rounding_seed.has_value()) return {};
+    return {rounding_seed, c10::IValue(c10::List<int64_t>(rounding_ids)), c10::IValue()};
   }
 
   // One asgd_ call through the dispatcher, as Python makes it.
   void run(const ASGDOptions& o, const at::Tensor& lr) const {
     auto stack = asgd_stack(TensorListArg(params), TensorListArg(grads), TensorListArg(axs),
                             TensorListArg(mus), TensorListArg(etas), TensorListArg(steps), lr,
-                            hyper(o), grad_scale, found_inf, clip_coef);
+                            hyper(o), grad_scale, found_inf, clip_coef, rounding());
     asgd_op(ASGDState::kLists).callBoxed(&stack);
   }
 };
@@ -230,7 +244,9 @@ bool operator==(const ASGDOptions& lhs, const ASGDOptions& rhs) {
          lhs.t0() == rhs.t0() && lhs.t0_per_param() == rhs.t0_per_param() &&
          lhs.weight_decay() == rhs.weight_decay() &&
          lhs.maximize() == rhs.maximize() && lhs.capturable() == rhs.capturable() &&
-         lhs.fused() == rhs.fused() && lhs.average_dtype() == rhs.average_dtype();
+         lhs.fused() == rhs.fused() && lhs.average_dtype() == rhs.average_dtype() &&
+         lhs.stochastic_rounding() == rhs.stochastic_rounding() &&
+         lhs.rounding_seed() == rhs.rounding_seed();
 }
 
 at::ScalarType ASGDOptions::average_dtype_for(const at::Tensor& param) const {
@@ -245,6 +261,12 @@ void ASGDOptions::validate() const {
                     "ASGDOptions: average_dtype must be at::kFloat (a float32 average for "
                     "float16/bfloat16 parameters) or nullopt (the parameter's dtype), got ",
                     *average_dtype());
+  // Python's check_rounding: the bits are drawn by the fused op's kernels;
+  // torch's unfused path rounds to nearest, so the flag is refused there
+  // rather than ignored.
+  TORCH_CHECK_VALUE(!stochastic_rounding() || fused().value_or(true),
+                    "ASGDOptions: stochastic_rounding=true needs the fused op, but fused=false "
+                    "takes torch's unfused path, which rounds to nearest");
   // The op's own option rules (empty lists: only the options are checked),
   // with t0 and with each t0_per_param value.
   DeviceCall none;
@@ -283,6 +305,8 @@ void ASGDOptions::serialize(torch::serialize::OutputArchive& archive) const {
   archive.write("average_dtype", average_dtype().has_value()
                                      ? c10::IValue(static_cast<int64_t>(*average_dtype()))
                                      : c10::IValue());
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(stochastic_rounding);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(rounding_seed);
 }
 
 void ASGDOptions::serialize(torch::serialize::InputArchive& archive) {
@@ -319,6 +343,19 @@ void ASGDOptions::serialize(torch::serialize::InputArchive& archive) {
                       static_cast<int64_t>(at::kFloat), ") or None, got ",
                       avg.isInt() ? c10::str(avg.toInt()) : std::string(avg.tagKind()));
     average_dtype(at::kFloat);
+  }
+  // Absent (an archive from before the options): left as they are (ASGD::load
+  // gives them the optimizer's defaults).
+  c10::IValue sr, seed;
+  if (archive.try_read("stochastic_rounding", sr)) {
+    TORCH_CHECK_VALUE(sr.isBool(), "ASGDOptions: 'stochastic_rounding' must be a bool, got ",
+                      sr.tagKind());
+    stochastic_rounding(sr.toBool());
+  }
+  if (archive.try_read("rounding_seed", seed)) {
+    TORCH_CHECK_VALUE(seed.isInt(), "ASGDOptions: 'rounding_seed' must be an int (int64), got ",
+                      seed.tagKind());
+    rounding_seed(seed.toInt());
   }
 }
 
@@ -503,6 +540,7 @@ void ASGD::step_impl(const torch::Tensor* grad_scale, const torch::Tensor* found
     const at::Tensor lr = op_lr(o);
     DeviceCall all;
     std::vector<double> t0s;  // per param of `all`
+    if (o.stochastic_rounding()) all.rounding_seed = o.rounding_seed();
     for (const auto k : c10::irange(group.params().size())) {
       const auto& p = group.params()[k];
       if (!p.grad().defined()) continue;
@@ -522,6 +560,10 @@ void ASGD::step_impl(const torch::Tensor* grad_scale, const torch::Tensor* found
       all.etas.push_back(st->eta());
       all.steps.push_back(st->step());
       t0s.push_back(o.t0_per_param().empty() ? o.t0() : o.t0_per_param()[k]);
+      if (all.rounding_seed.has_value()) {
+        all.rounding_ids.push_back(
+            static_cast<int64_t>((static_cast<uint64_t>(gi) << 32) | static_cast<uint64_t>(k)));
+      }
     }
     if (all.params.empty()) continue;
     // The fused default is decided over every param of the group, with a
@@ -531,6 +573,21 @@ void ASGD::step_impl(const torch::Tensor* grad_scale, const torch::Tensor* found
     bool all_fused_devices = true;
     for (const auto& p : group.params()) all_fused_devices = all_fused_devices && fused_device(p.device());
     GroupPlan plan{&o, o.fused().value_or(all_fused_devices), lr, gi, {}};
+    // Python's check_rounding_route, before anything is written or created.
+    if (all.rounding_seed.has_value() && !plan.fused) {
+      std::string why = "fused=false";
+      if (!o.fused().has_value()) {
+        for (const auto& p : group.params()) {
+          if (!fused_device(p.device())) {
+            why = c10::str("parameters on ", p.device(), " (no torchext kernels)");
+            break;
+          }
+        }
+      }
+      TORCH_CHECK_VALUE(false, "ASGD.step: param_groups[", gi, "]: stochastic_rounding=true "
+                        "needs the fused op, but this step takes torch's unfused path (", why,
+                        "), which rounds to nearest; nothing was changed");
+    }
     // One op call per device and t0, as Python's slot groups (the op itself
     // groups by dtype).
     for (const auto& [device, t0, sub] : api::index_by_device_and_t0(all.params, t0s)) {
@@ -542,6 +599,8 @@ void ASGD::step_impl(const torch::Tensor* grad_scale, const torch::Tensor* found
       if (grad_scale != nullptr) c.grad_scale = grad_scale->to(device, /*non_blocking=*/true);
       if (found_inf != nullptr) c.found_inf = found_inf->to(device, /*non_blocking=*/true);
       if (clip_coef != nullptr) c.clip_coef = clip_coef->to(device, /*non_blocking=*/true);
+      c.rounding_seed = all.rounding_seed;
+      if (c.rounding_seed.has_value()) c.rounding_ids = api::pick(all.rounding_ids, sub);
       plan.calls.push_back(std::move(c));
     }
     plans.push_back(std::move(plan));
@@ -610,6 +669,24 @@ void ASGD::load(torch::serialize::InputArchive& archive) {
                 e.what_without_backtrace());
   } catch (const std::exception& e) {  // e.g. torch::jit::ObjectAttributeError
     TORCH_CHECK(false, "ASGD.load: the archive is not a torchext ASGD checkpoint: ", e.what());
+  }
+  // Options from before stochastic rounding: the optimizer's defaults, as
+  // Python's __setstate__ gives a group without the keys its constructor's.
+  const auto& defaults = static_cast<const ASGDOptions&>(*defaults_);
+  torch::serialize::InputArchive groups_archive;
+  archive.read("param_groups", groups_archive);
+  for (const auto gi : c10::irange(scratch.param_groups_.size())) {
+    torch::serialize::InputArchive group_archive, options_archive;
+    groups_archive.read(c10::str("param_groups/", gi), group_archive);
+    group_archive.read("options", options_archive);
+    auto& o = static_cast<ASGDOptions&>(scratch.param_groups_[gi].options());
+    c10::IValue unused;
+    if (!options_archive.try_read("stochastic_rounding", unused)) {
+      o.stochastic_rounding(defaults.stochastic_rounding());
+    }
+    if (!options_archive.try_read("rounding_seed", unused)) {
+      o.rounding_seed(defaults.rounding_seed());
+    }
   }
   for (const auto gi : c10::irange(scratch.param_groups_.size())) {
     const auto& g = scratch.param_groups_[gi];

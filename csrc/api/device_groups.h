@@ -57,10 +57,10 @@ inline std::vector<CallGroup> index_by_device_and_t0(const std::vector<at::Tenso
 }
 
 // xs[idx[0]], xs[idx[1]], ...
-inline std::vector<at::Tensor> pick(const std::vector<at::Tensor>& xs,
-                                    const std::vector<size_t>& idx) {
+template <typename T>
+std::vector<T> pick(const std::vector<T>& xs, const std::vector<size_t>& idx) {
   if (idx.size() == xs.size()) return xs;  // one device: every position, in order
-  std::vector<at::Tensor> out;
+  std::vector<T> out;
   out.reserve(idx.size());
   for (const auto i : idx) out.push_back(xs[i]);
   return out;

@@ -32,21 +32,28 @@ using GenericDict = c10::impl::GenericDict;
 
 GenericDict str_dict() { return GenericDict(c10::StringType::get(), c10::AnyType::get()); }
 
-// Note [torch dtypes in Python-format checkpoints]
-// Python's ASGD groups hold `average_dtype` as the string "float32" or None
-// (torchext/optim/_checkpoint.py FLOAT32_AVERAGE: torch's distributed
-// checkpoints refuse a torch.dtype in param_groups), which save_state_dict
-// writes too. A group may still hold torch.float32 (Python accepts it, and
-// its first version wrote it). Python pickles a dtype as the global
-// torch.<name>: the opcode GLOBAL ('c') "torch\n<name>\n" (torch.save's
-// protocol 2), which the TorchScript unpickler refuses ("unknown torch
-// global"). So read_dict rewrites each such global of a dtype name into the
-// string "torch.<name>" (BINUNICODE) before unpickling. The pickle is
-// protocol 2: no frames, no offsets, so the rewrite is local; a memo entry
-// (BINPUT after the value, BINGET for the next use) then holds the string as
-// it held the dtype. It is a byte-pattern rewrite, not a pickle parser: a
-// string value holding the bytes of such a global would be rewritten too,
-// and a genuine string "torch.float32" reads as the dtype. The pickle holds
+// Note [Python pickles rewritten for the TorchScript unpickler]
+// read_dict reads Python's torch.save files with the TorchScript unpickler,
+// which refuses two things an optimizer's state dict from Python may hold:
+// - A torch dtype. Python's ASGD groups hold `average_dtype` as the string
+//   "float32" or None (torchext/optim/_checkpoint.py FLOAT32_AVERAGE:
+//   torch's distributed checkpoints refuse a torch.dtype in param_groups),
+//   which save_state_dict writes too, but a group may still hold
+//   torch.float32 (Python accepts it, and its first version wrote it).
+//   Python pickles a dtype as the global torch.<name>: GLOBAL ('c')
+//   "torch\n<name>\n", which the unpickler refuses ("unknown torch global").
+//   It becomes the string "torch.<name>" (BINUNICODE); a genuine string
+//   "torch.float32" reads as the dtype too.
+// - An int outside int32 written in fewer than 8 bytes (a `rounding_seed`
+//   such as 2**40): Python writes LONG1 with as few bytes as hold the value,
+//   the unpickler takes only 8 ("Expected length to be 8"). It becomes LONG1
+//   with 8 bytes, sign-extended. (An int beyond int64 is refused here.)
+// The rewrite walks the pickle opcode by opcode, so nothing inside a string
+// or another opcode's argument is touched. torch.save writes protocol 2: no
+// frames, no offsets, so each rewrite is local, and a memo entry (BINPUT
+// after the value, BINGET for the next use) holds the new value as it held
+// the old. An opcode the walk does not know (protocol 4's FRAME, say) ends
+// it: the rest is copied as is, for the unpickler to judge. The pickle holds
 // no tensor data (those are separate records), only keys and small values.
 constexpr const char* kDtypeNames[] = {
     "float32", "float64", "float16", "bfloat16", "complex64", "complex128", "uint8",
@@ -59,39 +66,95 @@ void append_binunicode(std::vector<char>& out, const std::string& s) {
   out.insert(out.end(), s.begin(), s.end());
 }
 
-// read_dict: each global torch.<dtype name> -> the string "torch.<name>".
-std::vector<char> dtype_globals_to_strings(const char* data, size_t size) {
+// The bytes that follow opcode data[i] (its argument), or nullopt for an
+// opcode the walk does not know or one cut short.
+std::optional<size_t> pickle_arg_size(const char* data, size_t size, size_t i) {
+  const size_t at = i + 1;  // the argument's first byte
+  auto length = [&](size_t n) -> std::optional<size_t> {  // an n-byte little-endian length
+    if (size - at < n) return std::nullopt;
+    uint64_t v = 0;
+    for (size_t k = n; k-- > 0;) v = (v << 8) | static_cast<uint8_t>(data[at + k]);
+    return n + v;
+  };
+  auto lines = [&](int count) -> std::optional<size_t> {  // newline-terminated
+    size_t end = at;
+    for (int k = 0; k < count; ++k) {
+      const void* nl = std::memchr(data + end, '\n', size - end);
+      if (nl == nullptr) return std::nullopt;
+      end = static_cast<size_t>(static_cast<const char*>(nl) - data) + 1;
+    }
+    return end - at;
+  };
+  std::optional<size_t> n;
+  switch (static_cast<uint8_t>(data[i])) {
+    case '(': case '.': case '0': case '1': case '2': case 'N': case 'Q': case 'R': case 'a':
+    case 'b': case 'd': case '}': case 'e': case 'l': case ']': case 'o': case 's': case 't':
+    case ')': case 'u': case 0x81: case 0x85: case 0x86: case 0x87: case 0x88: case 0x89:
+      n = 0;  // MARK STOP POP POP_MARK DUP NONE BINPERSID REDUCE APPEND BUILD DICT
+      break;  // EMPTY_DICT APPENDS LIST EMPTY_LIST OBJ SETITEM TUPLE EMPTY_TUPLE
+              // SETITEMS NEWOBJ TUPLE1-3 NEWTRUE NEWFALSE
+    case 'K': case 'h': case 'q': case 0x80: n = 1; break;  // BININT1 BINGET BINPUT PROTO
+    case 'M': n = 2; break;                                  // BININT2
+    case 'J': case 'j': case 'r': n = 4; break;              // BININT LONG_BINGET LONG_BINPUT
+    case 'G': n = 8; break;                                  // BINFLOAT
+    case 'U': case 'C': case 0x8a: n = length(1); break;     // SHORT_BINSTRING/BYTES LONG1
+    case 'T': case 'X': case 'B': case 0x8b: n = length(4); break;  // BINSTRING/UNICODE/BYTES LONG4
+    case 'F': case 'I': case 'L': case 'P': case 'S': case 'V': case 'g': case 'p':
+      n = lines(1);  // FLOAT INT LONG PERSID STRING UNICODE GET PUT
+      break;
+    case 'c': case 'i': n = lines(2); break;  // GLOBAL INST
+    default: return std::nullopt;
+  }
+  if (!n.has_value() || size - at < *n) return std::nullopt;
+  return n;
+}
+
+// read_dict: the pickle with Note [Python pickles rewritten for the
+// TorchScript unpickler]'s rewrites.
+std::vector<char> rewrite_for_unpickler(const char* data, size_t size) {
   std::vector<char> out;
-  out.reserve(size);
-  static const std::string head = "ctorch\n";
+  out.reserve(size + 64);
   size_t i = 0;
   while (i < size) {
-    bool done = false;
-    if (size - i > head.size() && std::memcmp(data + i, head.data(), head.size()) == 0) {
-      for (const char* name : kDtypeNames) {
-        const std::string tail = std::string(name) + "\n";
-        const size_t at = i + head.size();
-        if (size - at >= tail.size() && std::memcmp(data + at, tail.data(), tail.size()) == 0) {
-          append_binunicode(out, std::string("torch.") + name);
-          i = at + tail.size();
-          done = true;
+    const auto n = pickle_arg_size(data, size, i);
+    if (!n.has_value()) break;
+    const char* arg = data + i + 1;
+    const auto op = static_cast<uint8_t>(data[i]);
+    bool rewritten = false;
+    if (op == 'c' && *n > 6 && std::memcmp(arg, "torch\n", 6) == 0) {  // GLOBAL torch.<name>
+      const std::string name(arg + 6, *n - 7);
+      for (const char* dtype : kDtypeNames) {
+        if (name == dtype) {
+          append_binunicode(out, "torch." + name);
+          rewritten = true;
           break;
         }
       }
+    } else if (op == 0x8a) {  // LONG1, to 8 bytes (unchanged when it has 8)
+      const size_t len = *n - 1;
+      TORCH_CHECK_VALUE(len <= 8, "it holds an int beyond int64 (", len, " bytes)");
+      const bool negative = len > 0 && (static_cast<uint8_t>(arg[len]) & 0x80) != 0;
+      out.push_back(static_cast<char>(op));
+      out.push_back(8);
+      out.insert(out.end(), arg + 1, arg + 1 + len);
+      out.insert(out.end(), 8 - len, negative ? static_cast<char>(0xff) : 0);
+      rewritten = true;
     }
-    if (!done) out.push_back(data[i++]);
+    if (!rewritten) out.insert(out.end(), data + i, data + i + 1 + *n);
+    i += 1 + *n;
   }
+  out.insert(out.end(), data + i, data + size);  // an unknown opcode on: as is
   return out;
 }
 
 // torch::jit::pickle_load (readArchiveAndTensors on the "data" archive), with
-// the dtype globals rewritten first (Note [torch dtypes in Python-format
-// checkpoints]).
+// the pickle rewritten first (Note [Python pickles rewritten for the
+// TorchScript unpickler]).
 c10::IValue load_pickle(std::istream& in) {
   caffe2::serialize::PyTorchStreamReader reader(&in);  // reads the records it is asked for
   auto [pickle_ptr, pickle_size] = reader.getRecord("data.pkl");
   const auto pickled =
-      dtype_globals_to_strings(static_cast<const char*>(pickle_ptr.get()), pickle_size);
+      rewrite_for_unpickler(static_cast<const char*>(pickle_ptr.get()), pickle_size);
   size_t pos = 0;
   auto read = [&](char* buffer, size_t len) -> size_t {
     len = std::min(pickled.size() - pos, len);
@@ -209,8 +272,10 @@ void check_option(const std::string& where, const char* key,
 
 // Options of a saved group: Python's keys (torch.optim.ASGD or torchext),
 // with the rules of Python's _check_group (torchext/optim/_checkpoint.py).
+// `defaults`: the optimizer's, for keys a file from before them lacks.
 ASGDOptions group_options(const GenericDict& g, const std::string& where,
-                          const torch::optim::OptimizerParamGroup& current) {
+                          const torch::optim::OptimizerParamGroup& current,
+                          const ASGDOptions& defaults) {
   for (const char* key : {"lr", "lambd", "alpha", "t0", "weight_decay"}) get(g, key, where);
   ASGDOptions o;
   const auto& lr = get(g, "lr", where);
@@ -259,8 +324,8 @@ ASGDOptions group_options(const GenericDict& g, const std::string& where,
     o.t0_per_param(values);
   }
   // Python's normalize_average_dtype: "float32" or torch.float32 (read as
-  // the string "torch.float32", Note [torch dtypes in Python-format
-  // checkpoints]), or None; absent (torch's checkpoint, an older torchext
+  // the string "torch.float32", Note [Python pickles rewritten for the
+  // TorchScript unpickler]), or None; absent (torch's checkpoint, an older torchext
   // one): the default, float32, as Python's __setstate__.
   const auto* avg = find(g, "average_dtype");
   if (avg == nullptr) {
@@ -277,6 +342,21 @@ ASGDOptions group_options(const GenericDict& g, const std::string& where,
                                       : std::string(avg->tagKind()));
     o.average_dtype(at::kFloat);
   }
+  // Python's check_rounding: a bool and an int64; absent (torch's checkpoint,
+  // an older torchext one): the optimizer's defaults, as Python's
+  // __setstate__ keeps the constructor's.
+  const bool sr = *flag(g, "stochastic_rounding", where, defaults.stochastic_rounding(), false);
+  const auto* seed = find(g, "rounding_seed");
+  TORCH_CHECK_VALUE(seed == nullptr || seed->isInt(), where,
+                    "['rounding_seed'] must be an int (int64), got ",
+                    seed == nullptr ? std::string() : seed->tagKind());
+  TORCH_CHECK_VALUE(!(sr && differentiable), where,
+                    "['stochastic_rounding']: stochastic_rounding=True needs the fused op, but "
+                    "differentiable=True takes torch's unfused path, which rounds to nearest");
+  check_option(where, "stochastic_rounding",
+               [&](ASGDOptions& x) { x.stochastic_rounding(sr).fused(o.fused()); });
+  o.stochastic_rounding(sr);
+  o.rounding_seed(seed == nullptr ? defaults.rounding_seed() : seed->toInt());
   return o;
 }
 
@@ -327,10 +407,12 @@ void save_state_dict(const ASGD& optimizer, const std::string& path) {
     g.insert("differentiable", false);
     g.insert("capturable", o.capturable());
     g.insert("fused", o.fused().has_value() ? c10::IValue(*o.fused()) : c10::IValue());
-    // "float32" or None, as Python's groups hold it (Note [torch dtypes in
-    // Python-format checkpoints]).
+    // "float32" or None, as Python's groups hold it (Note [Python pickles
+    // rewritten for the TorchScript unpickler]).
     g.insert("average_dtype", o.average_dtype().has_value() ? c10::IValue("float32")
                                                             : c10::IValue());
+    g.insert("stochastic_rounding", o.stochastic_rounding());
+    g.insert("rounding_seed", o.rounding_seed());
     if (!o.t0_per_param().empty()) {  // Python's key (start_averaging)
       c10::impl::GenericList t0s(c10::AnyType::get());
       for (const double t : o.t0_per_param()) t0s.push_back(t);
@@ -400,7 +482,8 @@ void load_state_dict(ASGD& optimizer, const std::string& path) {
                         "['params'][", k, "]: id ", id.toInt(), " appears twice");
       id_to_group.emplace(id.toInt(), gi);
     }
-    options.push_back(group_options(sg, where, groups[gi]));
+    options.push_back(group_options(sg, where, groups[gi],
+                                    static_cast<const ASGDOptions&>(optimizer.defaults())));
     optim::check_t0_per_param_size(options.back(), params.size(), where);
   }
   std::vector<std::pair<void*, std::unique_ptr<ASGDParamState>>> states;

@@ -67,10 +67,8 @@ class TestSchemas(_SnapshotCase):
     """Any change to the contract shows up here in review."""
 
     def test_schemas(self):
-        self.assertExpectedInline(str(ops.asgd_.default._schema), """\
-torchext::asgd_(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, Tensor(c! -> *)[] mus, Tensor(d! -> *)[] etas, Tensor(e! -> *)[] steps, *, Tensor lr, float lambd, float alpha, float t0, float weight_decay, bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None, Tensor? clip_coef=None) -> ()""")
-        self.assertExpectedInline(str(ops.asgd_.packed._schema), """\
-torchext::asgd_.packed(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, Tensor(c!) mus, Tensor(d!) etas, Tensor(e!) steps, *, Tensor lr, float lambd, float alpha, float t0, float weight_decay, bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None, Tensor? clip_coef=None) -> ()""")
+        self.assertExpectedInline(str(ops.asgd_.default._schema), """torchext::asgd_(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, Tensor(c! -> *)[] mus, Tensor(d! -> *)[] etas, Tensor(e! -> *)[] steps, *, Tensor lr, float lambd, float alpha, float t0, float weight_decay, bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None, Tensor? clip_coef=None, int? rounding_seed=None, int[]? rounding_ids=None, int[]? rounding_offsets=None) -> ()""")
+        self.assertExpectedInline(str(ops.asgd_.packed._schema), """torchext::asgd_.packed(Tensor(a! -> *)[] params, Tensor[] grads, Tensor(b! -> *)[] axs, Tensor(c!) mus, Tensor(d!) etas, Tensor(e!) steps, *, Tensor lr, float lambd, float alpha, float t0, float weight_decay, bool maximize, Tensor? grad_scale=None, Tensor? found_inf=None, Tensor? clip_coef=None, int? rounding_seed=None, int[]? rounding_ids=None, int[]? rounding_offsets=None) -> ()""")
         self.assertExpectedInline(str(ops.check_finite_.default._schema), """\
 torchext::check_finite_(Tensor[] tensors, Tensor(a!) found_inf) -> ()""")
         self.assertExpectedInline(str(ops.unscale_.default._schema), """\

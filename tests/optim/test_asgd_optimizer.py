@@ -37,9 +37,11 @@ def test_defaults_match_torch_plus_fused():
     ours = ASGD(small_model().parameters())
     ref = torch.optim.ASGD(small_model().parameters())
     assert {k: v for k, v in ours.defaults.items()
-            if k not in ("fused", "average_dtype")} == ref.defaults
+            if k not in ("fused", "average_dtype", "stochastic_rounding", "rounding_seed")
+            } == ref.defaults
     assert ours.defaults["fused"] is None
     assert ours.defaults["average_dtype"] == "float32"  # (a float32 average for fp16/bf16)
+    assert ours.defaults["stochastic_rounding"] is False and ours.defaults["rounding_seed"] == 0
     assert isinstance(ours, torch.optim.Optimizer)
 
 

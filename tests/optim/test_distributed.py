@@ -451,7 +451,10 @@ def _scenario_fsdp_fused_clip(rank, world, tmpdir):
 def _scenario_bf16_reshard(rank, world, tmpdir):
     """bf16 FSDP2 parameters: ax float32 (sharded), saved with DCP, loaded
     into another sharding (a plain replicated model on every rank): ax stays
-    float32 and holds the same values; training then goes on alike."""
+    float32 and holds the same values; training then goes on alike. With
+    stochastic rounding, whose seed the checkpoint carries: the resharded
+    run rounds every element as the sharded one (its bits are keyed by the
+    element's index in the full tensor, not in the shard)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
     from torch.distributed.device_mesh import init_device_mesh
@@ -476,7 +479,7 @@ def _scenario_bf16_reshard(rank, world, tmpdir):
 
     path = os.path.join(tmpdir, "bf16")
     model = fsdp_bf16()
-    opt = torchext.optim.ASGD(model.parameters(), **HP)
+    opt = torchext.optim.ASGD(model.parameters(), stochastic_rounding=True, rounding_seed=5, **HP)
     for k in range(4):
         step(model, opt, k, local=True)
     assert all(_full(opt.state[p]["ax"]).dtype == torch.float32 for p in model.parameters())
@@ -494,6 +497,22 @@ def _scenario_bf16_reshard(rank, world, tmpdir):
         assert ax.dtype == torch.float32, (name, ax.dtype)
         assert torch.equal(ax, saved_ax[name]), name
     assert all(g["average_dtype"] == "float32" for g in popt.param_groups)
+    assert all(g["stochastic_rounding"] and g["rounding_seed"] == 5 for g in popt.param_groups)
+
+    # The same full gradients on both: the sharded and the resharded runs
+    # round alike, bit for bit (uneven shards, an empty one included).
+    from torch.distributed.tensor import distribute_tensor
+    for k in range(3):
+        gen = torch.Generator().manual_seed(50 + k)
+        for p, q in zip(model.parameters(), plain.parameters()):
+            full = (torch.randn(p.shape, generator=gen) * 1e-2).bfloat16()
+            q.grad = full.clone()
+            p.grad = distribute_tensor(full, p.device_mesh, p.placements)
+        opt.step()
+        popt.step()
+    for (name, p), q in zip(model.named_parameters(), plain.parameters()):
+        assert torch.equal(_full(p.detach()), q.detach()), name
+        assert torch.equal(_full(opt.state[p]["ax"]), popt.state[q]["ax"]), name
 
 
 SCENARIOS = {

@@ -70,6 +70,7 @@ def _train(dtype, task, **kw):
     return model, opt, mean
 
 
+@pytest.mark.experiment
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_the_average_is_the_mean_in_low_precision(dtype, task):
     """The issue's experiment, pinned: ``ax`` within 1e-2 relative of the
@@ -89,6 +90,7 @@ def test_the_average_is_the_mean_in_low_precision(dtype, task):
     assert abs(loss_ax - loss_mean) <= 0.01 * loss_mean, (loss_ax, loss_mean)
 
 
+@pytest.mark.experiment
 def test_opting_out_keeps_the_parameter_dtype_and_freezes(task):
     """``average_dtype=None`` is torch's layout (ax in bf16), with the flaw
     the float32 average fixes: measured here so that the fix is seen."""

@@ -22,6 +22,7 @@ CASES = {
     # Many small tensors: the per-tensor host cost of the whole opt.step().
     "(e) 10000 x 100 fp32": (10_000, 100, torch.float32),
     "(f) 1000 x 1000 fp32": (1000, 1_000, torch.float32),
+    "(g) 200 x 50k fp16": (200, 50_000, torch.float16),
 }
 
 
@@ -63,6 +64,8 @@ def run_case(env, name):
     if low:  # ax in the parameter's dtype: torch's layout, and torchext's before issue 47
         factories["torchext, ax in param dtype"] = lambda p: torchext.optim.ASGD(
             p, average_dtype=None, **kw)
+        factories["torchext, stochastic rounding"] = lambda p: torchext.optim.ASGD(
+            p, stochastic_rounding=True, **kw)
     fns = {k: _stepper(env, f, n, size, dtype) for k, f in factories.items()}
     fns["torchext + GradScaler"] = _scaler_iteration(env, factories["torchext"], n, size, dtype)
     seconds = env.time_interleaved(fns)
@@ -97,4 +100,8 @@ def report(env, results):
           f"{r.ms['torchext, ax in param dtype']:.2f} ms, the float32 average "
           f"{r.ms['torchext'] / r.ms['torchext, ax in param dtype']:.2f}x its time"
           for r in results if "torchext, ax in param dtype" in r.ms],
+        *[f"{r.case}: stochastic rounding "
+          f"{r.ms['torchext, stochastic rounding']:.2f} ms, "
+          f"{r.ms['torchext, stochastic rounding'] / r.ms['torchext']:.2f}x round to nearest"
+          for r in results if "torchext, stochastic rounding" in r.ms],
     ])

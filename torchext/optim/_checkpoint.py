@@ -20,7 +20,7 @@ from ._state import SCALAR_KEYS, scalar_dtype
 
 __all__ = ["check_hyperparams", "validate_state_dict", "restore_scalar_state"]
 
-_FLAGS = ("maximize", "differentiable", "capturable")  # bool
+_FLAGS = ("maximize", "differentiable", "capturable", "stochastic_rounding")  # bool
 _OPTIONAL_FLAGS = ("foreach", "fused")  # bool or None
 
 
@@ -74,6 +74,21 @@ def average_dtype_of(p: Tensor, group: dict[str, Any]) -> torch.dtype:
     return dtype
 
 
+def check_rounding(h: dict[str, Any], where: str | None) -> None:
+    """``stochastic_rounding`` a bool, ``rounding_seed`` an int64, and the
+    flag only where the fused op runs (C++: ``ASGDOptions``' check)."""
+    at = where + ": " if where else ""
+    sr = h.get("stochastic_rounding", False)
+    if not isinstance(sr, bool):
+        raise ValueError(f"{at}'stochastic_rounding' must be a bool, got {sr!r}")
+    seed = h.get("rounding_seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool) or not -2**63 <= seed < 2**63:
+        raise ValueError(f"{at}'rounding_seed' must be an int (int64), got {seed!r}")
+    if sr and (h.get("fused") is False or h.get("differentiable")):
+        from .functional import check_rounding_route
+        check_rounding_route(h.get("fused"), bool(h.get("differentiable")))
+
+
 def check_hyperparams(h: dict[str, Any], where: str | None) -> None:
     """lr, lambd, alpha, t0, weight_decay by the constructor's rules
     (torch's messages when ``where`` is None: the constructor).
@@ -86,6 +101,7 @@ def check_hyperparams(h: dict[str, Any], where: str | None) -> None:
     that it is the user's, as in torch (a scheduler may write it)."""
     if "average_dtype" in h:
         normalize_average_dtype(h["average_dtype"], where)
+    check_rounding(h, where)
     lr = h.get("lr")
     skip_value = ()
     if isinstance(lr, Tensor):

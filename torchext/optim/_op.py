@@ -22,7 +22,8 @@ _PACKED = torch.ops.torchext.asgd_.packed
 # checks them exactly as the CPU/CUDA kernels do, and touches no data.
 _VALIDATE_ONLY = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 
-_NOT_HYPER = ("lr", "grad_scale", "found_inf", "clip_coef")
+_NOT_HYPER = ("lr", "grad_scale", "found_inf", "clip_coef", "rounding_seed", "rounding_ids",
+              "rounding_offsets")
 _ARGS = [a for a in _LISTS._schema.arguments if a.kwarg_only and a.name not in _NOT_HYPER]
 #: The op's scalar hyperparameters, in schema order (lambd, alpha, t0, ...).
 HYPER: tuple[str, ...] = tuple(a.name for a in _ARGS)
@@ -61,17 +62,18 @@ def _overload(lists) -> Any:
 
 def call(lists: list, lr: float | Tensor, hyper: dict[str, Any],
          grad_scale: Tensor | None, found_inf: Tensor | None,
-         clip_coef: Tensor | None = None) -> None:
+         clip_coef: Tensor | None = None, rounding: dict[str, Any] | None = None) -> None:
     """One ``asgd_`` call over [params, grads, axs, mus, etas, steps] (the
-    last three lists of 0-d tensors, or packed 1-D tensors)."""
+    last three lists of 0-d tensors, or packed 1-D tensors). ``rounding``:
+    the op's ``rounding_*`` arguments (stochastic rounding), or None."""
     device = lists[0][0].device if lists[0] else None
     _overload(lists)(*lists, lr=lr_tensor(lr, device), **hyper, grad_scale=grad_scale,
-                     found_inf=found_inf, clip_coef=clip_coef)
+                     found_inf=found_inf, clip_coef=clip_coef, **(rounding or {}))
 
 
 def validate(lists: list, lr: float | Tensor, hyper: dict[str, Any],
              grad_scale: Tensor | None, found_inf: Tensor | None,
-             clip_coef: Tensor | None = None) -> None:
+             clip_coef: Tensor | None = None, rounding: dict[str, Any] | None = None) -> None:
     """Raises what :func:`call` would raise for bad input, and writes nothing.
     Skipped while torch.compile traces: every op call is then checked by its
     Meta kernel at trace time, before any of them runs."""
@@ -79,4 +81,18 @@ def validate(lists: list, lr: float | Tensor, hyper: dict[str, Any],
         return
     _overload(lists).redispatch(_VALIDATE_ONLY, *lists, lr=lr_tensor(lr), **hyper,
                                 grad_scale=grad_scale, found_inf=found_inf,
-                                clip_coef=clip_coef)
+                                clip_coef=clip_coef, **(rounding or {}))
+
+
+def rounding_args(seed: int | None, ids: list[int], offsets: list[int] | None) -> dict[str, Any]:
+    """The op's ``rounding_*`` keywords: {} (round to nearest) without a
+    seed; ``offsets`` None when every one is 0 (plain tensors)."""
+    if seed is None:
+        return {}
+    return {"rounding_seed": int(seed), "rounding_ids": ids, "rounding_offsets": offsets}
+
+
+def rounding_id(group_index: int, index: int) -> int:
+    """A param's identity in its optimizer, which keys its random stream:
+    its group's position and its own in the group (C++: the same)."""
+    return (group_index << 32) | index

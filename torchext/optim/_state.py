@@ -145,13 +145,19 @@ def own_containers(opt: Any, gen: Generation) -> None:
 class SlotGroup:
     """The params of one param group on one device with one t0: what one op
     call steps. ``axs[i]`` is None while ``params[i]`` has no state."""
-    __slots__ = ("device", "t0", "params", "axs", "mus", "etas", "steps", "views", "native",
-                 "native_run", "native_check", "native_norms", "plain", "_args_key", "_args")
+    __slots__ = ("device", "t0", "params", "ids", "axs", "mus", "etas", "steps", "views", "native",
+                 "native_run", "native_check", "native_norms", "plain", "_args_key", "_args",
+                 "_rounding")
 
-    def __init__(self, device: torch.device, t0: float, params: list[Tensor]) -> None:
+    def __init__(self, device: torch.device, t0: float, params: list[Tensor],
+                 ids: list[int]) -> None:
         self.device = device
         self.t0 = t0
         self.params = params
+        # Each param's identity in the optimizer (_op.rounding_id: its group's
+        # position and its own there), which keys its stochastic rounding.
+        self.ids = ids
+        self._rounding = (None, None, None)
         self.axs: list[Tensor | None] = [None] * len(params)
         self.native = self.native_run = self.native_check = self.native_norms = None
         self.plain = all(type(p) in _PLAIN for p in params)
@@ -201,17 +207,33 @@ class SlotGroup:
         """The holder's lr tensor and hyperparameter list (schema order, this
         slot group's t0), made again only when one of the group's values
         changed since the last step (an LR scheduler writes ``group["lr"]``
-        between steps). A tensor lr is passed as it is, so its in-place
-        changes need nothing here."""
+        between steps), and then the holder's rounding too. A tensor lr is
+        passed as it is, so its in-place changes need nothing here."""
         lr = group["lr"]
         key = (("tensor", id(lr)) if isinstance(lr, Tensor) else float(lr),
-               *map(group.__getitem__, _op.HYPER))  # (no listcomp: a frame less a step)
+               *map(group.__getitem__, _op.HYPER),  # (no listcomp: a frame less a step)
+               group.get("stochastic_rounding"), group.get("rounding_seed"))
         if key != self._args_key:
             t0 = group["t0"] if self.t0 is None else self.t0
             # (lr kept in the tuple: its id in the key stays its own)
             self._args = (_op.lr_tensor(lr), _op.hyper_list(_op.hyper_of(group, t0=t0)), lr)
+            rounding = self.rounding(group, range(len(self.params)))
+            self._rounding = (rounding.get("rounding_seed"), rounding.get("rounding_ids"),
+                              rounding.get("rounding_offsets"))
+            if self.native is not None:
+                self.native.set_rounding(*self._rounding)
             self._args_key = key
         return self._args[:2]
+
+    def rounding(self, group: dict[str, Any], idx) -> dict[str, Any]:
+        """The op's rounding_* keywords for the params at ``idx`` ({}: the
+        group rounds to nearest)."""
+        if not group.get("stochastic_rounding"):
+            return {}
+        params = [self.params[i] for i in idx]
+        offsets = [_dtensor.flat_offset(p) for p in params]
+        return _op.rounding_args(group.get("rounding_seed", 0), [self.ids[i] for i in idx],
+                                 offsets if any(offsets) else None)
 
     def holder(self):
         """The C++ holder of this slot group's lists (made at first use),
@@ -222,6 +244,8 @@ class SlotGroup:
                 self.params, self.axs, self.mus, self.etas, self.steps)
             self.native_run, self.native_check = native.run, native.check_finite
             self.native_norms = native.norms
+            if self._rounding[0] is not None:
+                native.set_rounding(*self._rounding)
             self.native = native
         return self.native
 
@@ -264,7 +288,7 @@ class ParamGroupSlots:
     __slots__ = ("group", "params_list", "fused_flag", "differentiable", "t0_per_param", "fused",
                  "slot_groups", "on_meta", "native_ok")
 
-    def __init__(self, group: dict[str, Any], state: StateMap) -> None:
+    def __init__(self, group: dict[str, Any], state: StateMap, index: int) -> None:
         self.group = group
         self.params_list = group["params"]
         self.fused_flag = group["fused"]
@@ -280,7 +304,8 @@ class ParamGroupSlots:
             (_dtensor.to_local(p) for p in params), None if t0s is None else [float(t) for t in t0s])
         self.slot_groups = []
         for (device, t0), idx in keys.items():
-            sg = SlotGroup(device, t0, [params[i] for i in idx])
+            sg = SlotGroup(device, t0, [params[i] for i in idx],
+                           [_op.rounding_id(index, i) for i in idx])
             sg.pack([_state_of(state, params[i]) for i in idx])
             self.slot_groups.append(sg)
         # Meta grads hold no values: the scaler's inf check cannot use them.

@@ -140,6 +140,22 @@ class ASGD(GroupsAlias, Optimizer):
             an fp16/bf16 parameter's average is still float32). ``ax``
             averages the parameters as stored (rounded to their dtype), as
             torch's does.
+        stochastic_rounding (bool, keyword only): round the new value of
+            fp16/bf16 parameters (computed in float32) stochastically instead
+            of to nearest: up with probability its distance to the value
+            below over the gap, so that updates below half an ulp still move
+            the parameter on average (round to nearest drops them: pure-bf16
+            training stalls). Default False. The random bits are a
+            counter-based hash of ``rounding_seed``, the step, the
+            parameter's place in the optimizer (group, index) and the
+            element's index in the full tensor: deterministic, the same on
+            the CPU and CUDA, in CUDA graphs and compiled steps, and across
+            DCP resharding. A no-op for fp32/fp64/complex parameters. Needs
+            the fused op (refused with ``fused=False`` or
+            ``differentiable=True``).
+        rounding_seed (int, keyword only): the seed of those bits (default 0,
+            the same on every rank so that DDP replicas round alike). Kept
+            in each param group, and so in checkpoints.
 
     Differences from torch, on purpose:
 
@@ -174,14 +190,20 @@ class ASGD(GroupsAlias, Optimizer):
         fused: bool | None = None,
         *,
         average_dtype: torch.dtype | None = torch.float32,
+        stochastic_rounding: bool = False,
+        rounding_seed: int = 0,
     ) -> None:
         _checkpoint.check_hyperparams(dict(lr=lr, lambd=lambd, alpha=alpha, t0=t0,
-                                           weight_decay=weight_decay), where=None)
+                                           weight_decay=weight_decay, fused=fused,
+                                           differentiable=differentiable,
+                                           stochastic_rounding=stochastic_rounding,
+                                           rounding_seed=rounding_seed), where=None)
         average_dtype = _checkpoint.normalize_average_dtype(average_dtype, where=None)
         F.check_flags(fused, differentiable, foreach)
         defaults = dict(lr=lr, lambd=lambd, alpha=alpha, t0=t0, weight_decay=weight_decay,
                         foreach=foreach, maximize=maximize, differentiable=differentiable,
-                        capturable=capturable, fused=fused, average_dtype=average_dtype)
+                        capturable=capturable, fused=fused, average_dtype=average_dtype,
+                        stochastic_rounding=stochastic_rounding, rounding_seed=rounding_seed)
         self._gen = Generation()
         self._slot_cache = None
         super().__init__(params, defaults)
@@ -460,12 +482,13 @@ class ASGD(GroupsAlias, Optimizer):
                                 _devices.on_device(found_inf, sg.device),
                                 _devices.on_device(clip_coef, sg.device),
                                 make_state=lambda idx: self._create_state(sg, idx, group, created))
-        lists = self._gather(sg, group, created, pgs.fused)
+        lists, idx = self._gather(sg, group, created, pgs.fused)
         if lists is None:
             return None
         hyper = _op.hyper_of(group, t0=group["t0"] if sg.t0 is None else sg.t0)
+        rounding = sg.rounding(group, idx) if group.get("stochastic_rounding") else None
         return F.list_call(lists, pgs.fused, lr, hyper, group["capturable"], grad_scale, found_inf,
-                           clip_coef)
+                           clip_coef, rounding)
 
     def _with_grads(self, sg, group, created) -> list[int]:
         """Positions of sg's params that have a grad, their state created
@@ -476,9 +499,9 @@ class ASGD(GroupsAlias, Optimizer):
             self._create_state(sg, new, group, created)
         return idx
 
-    def _gather(self, sg, group, created, fused: bool) -> list | None:
-        """The op's lists for a slot group without a C++ holder, or None when
-        no param has a grad. Fused, plain tensors, every param with a grad:
+    def _gather(self, sg, group, created, fused: bool) -> tuple[list | None, list[int]]:
+        """The op's lists for a slot group without a C++ holder (None when
+        no param has a grad), and the positions in the slot group they hold. Fused, plain tensors, every param with a grad:
         the whole slot group with the packed state, so a compiled step
         mutates the packed tensors themselves, not views of them. Else
         (params without grads, DTensors, the unfused reference): the params
@@ -486,12 +509,12 @@ class ASGD(GroupsAlias, Optimizer):
         DTensors, when fused)."""
         idx = self._with_grads(sg, group, created)
         if not idx:
-            return None
+            return None, idx
         params = sg.params
         if fused and sg.plain and len(idx) == len(params):
-            return [params, [p.grad for p in params], sg.axs, sg.mus, sg.etas, sg.steps]
+            return [params, [p.grad for p in params], sg.axs, sg.mus, sg.etas, sg.steps], idx
         lists = sg.lists(idx)
-        return [list(x) for x in _dtensor.to_local_lists(*lists)] if fused else lists
+        return ([list(x) for x in _dtensor.to_local_lists(*lists)] if fused else lists), idx
 
     def _create_state(self, sg, idx: list[int], group, created: list) -> None:
         """torch.optim.ASGD's initial state (step 0, eta = lr, mu 1, ax zeros:
@@ -537,13 +560,13 @@ class ASGD(GroupsAlias, Optimizer):
         cache = self._slot_cache
         if (cache is None or cache[0] != self._gen.n or cache[1] is not self.state
                 or len(cache[2]) != len(groups)):
-            built = [ParamGroupSlots(g, self.state) for g in groups]
+            built = [ParamGroupSlots(g, self.state, k) for k, g in enumerate(groups)]
             self._slot_cache = (self._gen.n, self.state, built)
             return built
         slots = cache[2]
         for k, pgs in enumerate(slots):
             if not pgs.fresh(groups[k]):
-                slots[k] = ParamGroupSlots(groups[k], self.state)
+                slots[k] = ParamGroupSlots(groups[k], self.state, k)
         return slots
 
     # torch.optim.ASGD's name for gathering a group, for code that calls it
@@ -583,6 +606,12 @@ class ASGD(GroupsAlias, Optimizer):
             group.setdefault("capturable", False)
             group.setdefault("fused", None)
             group.setdefault("average_dtype", _checkpoint.FLOAT32_AVERAGE)
+            # (torch's load_state_dict ends here too: a checkpoint without
+            # these keys, torch's or an older torchext's, keeps the
+            # constructor's settings)
+            group.setdefault("stochastic_rounding",
+                             self.defaults.get("stochastic_rounding", False))
+            group.setdefault("rounding_seed", self.defaults.get("rounding_seed", 0))
         self._gen = Generation()
         self._slot_cache = None
         own_containers(self, self._gen)

@@ -53,12 +53,15 @@ def use_fused(params: list[Tensor], fused: bool | None, differentiable: bool) ->
 
 class ListCall:
     """What a call over lists [params, grads, axs, mus, etas, steps] holds:
-    the lists, lr, the hyperparameters and grad_scale/found_inf/clip_coef."""
-    __slots__ = ("lists", "lr", "hyper", "grad_scale", "found_inf", "clip_coef")
+    the lists, lr, the hyperparameters, grad_scale/found_inf/clip_coef and
+    the op's rounding_* keywords ({}: round to nearest)."""
+    __slots__ = ("lists", "lr", "hyper", "grad_scale", "found_inf", "clip_coef", "rounding")
 
-    def __init__(self, lists, lr, hyper, grad_scale, found_inf, clip_coef=None) -> None:
+    def __init__(self, lists, lr, hyper, grad_scale, found_inf, clip_coef=None,
+                 rounding=None) -> None:
         self.lists, self.lr, self.hyper = lists, lr, hyper
         self.grad_scale, self.found_inf, self.clip_coef = grad_scale, found_inf, clip_coef
+        self.rounding = rounding or {}
 
 
 class FusedCall(ListCall):
@@ -69,11 +72,11 @@ class FusedCall(ListCall):
 
     def validate(self) -> None:
         _op.validate(self.lists, self.lr, self.hyper, self.grad_scale, self.found_inf,
-                     self.clip_coef)
+                     self.clip_coef, self.rounding)
 
     def run(self) -> None:
         _op.call(self.lists, self.lr, self.hyper, self.grad_scale, self.found_inf,
-                 self.clip_coef)
+                 self.clip_coef, self.rounding)
 
 
 class ReferenceCall(ListCall):
@@ -131,15 +134,31 @@ class HolderCall:
 
 
 def list_call(lists, fused: bool, lr, hyper, capturable: bool, grad_scale, found_inf,
-              clip_coef=None):
+              clip_coef=None, rounding=None):
     """The call for lists on one device with one t0: the fused op, or
-    torch's for-loop. grad_scale/found_inf/clip_coef are moved to that device."""
+    torch's for-loop. grad_scale/found_inf/clip_coef are moved to that device.
+    ``rounding`` (the op's rounding_* keywords) needs the fused op."""
     device = _dtensor.to_local(lists[0][0]).device
     scale, inf = _devices.on_device(grad_scale, device), _devices.on_device(found_inf, device)
     coef = _devices.on_device(clip_coef, device)
     if fused:
-        return FusedCall(lists, lr, hyper, scale, inf, coef)
+        return FusedCall(lists, lr, hyper, scale, inf, coef, rounding)
+    if rounding:
+        check_rounding_route(False, False, device)
     return ReferenceCall(lists, lr, hyper, scale, inf, coef, capturable)
+
+
+def check_rounding_route(fused: bool | None, differentiable: bool,
+                         device: torch.device | None = None) -> None:
+    """Stochastic rounding is the fused op's (its kernels draw the bits);
+    torch's unfused path (fused=False, differentiable=True, devices without
+    torchext kernels) rounds to nearest, so the flag is refused there rather
+    than silently ignored."""
+    if fused is False or differentiable or device is not None:
+        why = ("fused=False" if fused is False else "differentiable=True" if differentiable
+               else f"parameters on {device} (no torchext kernels: the unfused path)")
+        raise ValueError(f"stochastic_rounding=True needs the fused op, but this step takes "
+                         f"torch's unfused path ({why}), which rounds to nearest")
 
 
 def run_calls(calls) -> None:
@@ -176,6 +195,7 @@ def asgd(
     grad_scale: Tensor | None = None,
     found_inf: Tensor | None = None,
     clip_coef: Tensor | None = None,
+    rounding_seed: int | None = None,
 ) -> None:
     """One ASGD step over lists, in place; nothing changes when it raises.
 
@@ -198,6 +218,11 @@ def asgd(
     ``torch.optim.asgd.asgd`` run unchanged, and are ignored: the fused op
     is already one call per device and t0, and both paths handle complex tensors
     per tensor.
+
+    ``rounding_seed`` (an int) rounds fp16/bf16 params stochastically (fused
+    only): ``params[i]``'s random stream is keyed by the seed and ``i``, its
+    position in ``params`` (``ASGD``'s key is its group and position there:
+    see docs/optimizer.md).
     """
     if not params:
         return
@@ -209,11 +234,21 @@ def asgd(
     for (_, t), idx in _devices.indices_by_device_and_key(
             (_dtensor.to_local(p) for p in params), t0s).items():
         sub = [_devices.pick(xs, idx) for xs in lists]
+        rounding = None
+        if rounding_seed is not None:
+            rounding = _op.rounding_args(rounding_seed, list(idx), offsets_of(sub[0]))
         if fused:
             sub = [list(x) for x in _dtensor.to_local_lists(*sub)]
         calls.append(list_call(sub, fused, lr, _op.hyper_of(hyper, t0=float(t0) if t is None else t),
-                               capturable, grad_scale, found_inf, clip_coef))
+                               capturable, grad_scale, found_inf, clip_coef, rounding))
     run_calls(calls)
+
+
+def offsets_of(params) -> list[int] | None:
+    """The rounding offsets of ``params`` (``_dtensor.flat_offset``), or None
+    when all are 0."""
+    offsets = [_dtensor.flat_offset(p) for p in params]
+    return offsets if any(offsets) else None
 
 
 def reference_asgd(params, grads, axs, mus, etas, steps, *, lr, lambd, alpha, t0,

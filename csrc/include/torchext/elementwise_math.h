@@ -220,8 +220,8 @@ C10_HOST_DEVICE inline double asgd_mu(double t0, double step) {
 //   stream = sr_stream(seed, id)      per tensor: the optimizer's seed and the
 //                                      param's identity (group << 32 | index)
 //   key    = sr_key(stream, step)     per tensor and step: the step being taken
-//   bits   = sr_bits(key, index)      per element: its index in the full,
-//                                      unsharded tensor
+//   bits   = sr_bits(key, index)      per element (16 bits): its index in
+//                                      the full, unsharded tensor
 // so that two tensors of one shape get different streams, every step new
 // bits, and a run resharded through DCP the same bits for each element.
 
@@ -232,6 +232,16 @@ C10_HOST_DEVICE inline uint32_t float_bits(float x) {
   uint32_t b;
   std::memcpy(&b, &x, sizeof b);
   return b;
+#endif
+}
+
+C10_HOST_DEVICE inline float float_from_bits(uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(b);
+#else
+  float x;
+  std::memcpy(&x, &b, sizeof x);
+  return x;
 #endif
 }
 
@@ -266,57 +276,68 @@ C10_HOST_DEVICE inline uint64_t sr_key(uint64_t stream, double step) {
   return mix64(stream + mix64(s));
 }
 
-// 32 random bits for the element at `index` (two rounds of hash32, keyed by
-// the two halves of `key`; the index's high half joins the second round).
-C10_HOST_DEVICE inline uint32_t sr_bits(uint64_t key, int64_t index) {
+// 16 random bits for the element at `index`. Elements 2m and 2m+1 share one
+// 32-bit hash of the pair index m (two rounds of hash32, keyed by the halves
+// of `key`; m's high half joins the second round): the low half is 2m's,
+// the high half 2m+1's, so that a vector of lanes hashes once per two
+// elements. sr_pair_bits32 is the hash with those parts split out: k0 = the
+// key's low half, k1_hi = its high half + m's high half, lo = m's low half.
+C10_HOST_DEVICE inline uint32_t sr_pair_bits32(uint32_t k0, uint32_t k1_hi, uint32_t lo) {
+  return hash32(hash32(lo ^ k0) ^ k1_hi);
+}
+C10_HOST_DEVICE inline uint32_t sr_pair_bits(uint64_t key, uint64_t pair) {
+  return sr_pair_bits32(static_cast<uint32_t>(key),
+                        static_cast<uint32_t>(key >> 32) + static_cast<uint32_t>(pair >> 32),
+                        static_cast<uint32_t>(pair));
+}
+C10_HOST_DEVICE inline uint16_t sr_bits(uint64_t key, int64_t index) {
   const uint64_t i = static_cast<uint64_t>(index);
-  const uint32_t h = hash32(static_cast<uint32_t>(i) ^ static_cast<uint32_t>(key));
-  return hash32(h ^ (static_cast<uint32_t>(key >> 32) + static_cast<uint32_t>(i >> 32)));
+  const uint32_t h = sr_pair_bits(key, i >> 1);
+  return static_cast<uint16_t>((i & 1) ? h >> 16 : h);
 }
 
 // x rounded stochastically to bfloat16 with the random bits r, as bits: the
-// 16 bits bfloat16 drops get r's top 16 added, then are cut, so |x| rounds up
-// with probability (dropped bits) / 2**16, exactly. Past the largest finite
+// 16 bits bfloat16 drops get r added, then are cut, so |x| rounds up with
+// probability (dropped bits) / 2**16, exactly. Past the largest finite
 // bfloat16 the carry makes inf, with that probability; inf stays inf, NaN
 // stays a (quiet) NaN.
-C10_HOST_DEVICE inline uint16_t bf16_bits_stochastic(float x, uint32_t r) {
+C10_HOST_DEVICE inline uint16_t bf16_bits_stochastic(float x, uint16_t r) {
   const uint32_t b = float_bits(x);
-  if ((b & 0x7fffffffu) > 0x7f800000u) {
-    return static_cast<uint16_t>((b >> 16) | 0x40u);
-  }
-  return static_cast<uint16_t>((b + (r >> 16)) >> 16);
+  const uint32_t nan = (b >> 16) | 0x40u;
+  const uint32_t rounded = (b + r) >> 16;
+  return static_cast<uint16_t>((b & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
 
 // The same for float16. Its normal range (|x| >= 2**-14) drops 13 of
 // float32's mantissa bits: r's top 13 are added, as above, and the exponent
 // rebiased; from 65504 up the carry makes inf with probability
 // (|x| - 65504) / 32 (the next value fp16's ulp there would give), and
-// |x| >= 65536 is inf. Subnormals (|x| < 2**-14) are multiples of 2**-24:
-// |x| * 2**24 (exact) is rounded up with probability its fraction, against
-// r's top 24 bits (exact but for |x| below 2**-48, where the fraction has
-// more than 24 bits: a bias of at most 2**-24 of a subnormal step).
-C10_HOST_DEVICE inline uint16_t fp16_bits_stochastic(float x, uint32_t r) {
+// |x| >= 65536 is inf. Subnormals (|x| < 2**-14, multiples of 2**-24) go
+// through |x| + 2**-14, whose float32 bits drop 13 bits to fp16's the same
+// way, then the 2**-14 is taken off again: exact where |x| is a multiple of
+// 2**-37 (that float32 sum rounds finer bits, an error below 2**-14 of a
+// subnormal step). Selects as masks, no branch: GCC turns ?: chains here
+// into branches, which do not vectorize.
+C10_HOST_DEVICE inline uint16_t fp16_bits_stochastic(float x, uint16_t r) {
   const uint32_t b = float_bits(x);
   const uint32_t sign = (b >> 16) & 0x8000u;
   const uint32_t a = b & 0x7fffffffu;
-  if (a >= 0x7f800000u) {
-    return static_cast<uint16_t>(sign | (a > 0x7f800000u ? 0x7e00u : 0x7c00u));
-  }
-  if (a >= 0x38800000u) {  // 2**-14: fp16's normal range, or overflow
-    if (a >= 0x47800000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65536
-    const uint32_t h = ((a + (r >> 19)) >> 13) - (112u << 10);
-    return static_cast<uint16_t>(sign | (h > 0x7c00u ? 0x7c00u : h));
-  }
-  const float k = ::fabsf(x) * 16777216.0f;  // in units of 2**-24, < 2**10
-  const float whole = ::floorf(k);
-  const float frac = k - whole;              // exact
-  const float u = static_cast<float>(r >> 8) * 5.9604644775390625e-8f;  // r / 2**32, 24 bits
-  return static_cast<uint16_t>(sign | (static_cast<uint32_t>(whole) + (u < frac ? 1u : 0u)));
+  const uint32_t is_sub = 0u - static_cast<uint32_t>(a < 0x38800000u);
+  const uint32_t shifted = float_bits(add(float_from_bits(a), 6.103515625e-05f));
+  const uint32_t src = (shifted & is_sub) | (a & ~is_sub);
+  // the sum is at most 0x7f801fff, so the rebiased value is >= 0x7c00
+  // exactly from 65536 up (inf included), clamped to inf there
+  uint32_t h = ((src + (static_cast<uint32_t>(r) >> 3)) >> 13) - (112u << 10);
+  h = h < 0x7c00u ? h : 0x7c00u;
+  h -= 0x0400u & is_sub;  // the 2**-14 taken off
+  const uint32_t is_nan = 0u - static_cast<uint32_t>(a > 0x7f800000u);
+  h = (0x7e00u & is_nan) | (h & ~is_nan);  // NaN stays a (quiet) NaN
+  return static_cast<uint16_t>(sign | h);
 }
 
 // x rounded stochastically to T (c10::BFloat16 or c10::Half) with bits r.
 template <typename T>
-C10_HOST_DEVICE inline T round_stochastic(float x, uint32_t r) {
+C10_HOST_DEVICE inline T round_stochastic(float x, uint16_t r) {
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     return T(bf16_bits_stochastic(x, r), T::from_bits());
   } else {

@@ -10,6 +10,7 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <tuple>
 #include <utility>
@@ -59,23 +60,63 @@ math::ASGDCoeffs<Vectorized<T>> broadcast(const math::ASGDCoeffs<T>& c) {
           c.clipped, c.has_weight_decay, c.average};
 }
 
+// The random bits (math::sr_bits) of a block of a span's elements, made
+// ahead of the loop that rounds them: one 32-bit hash per pair of elements,
+// in one long loop that -O3 vectorizes (32-bit multiplies and shifts).
+constexpr int64_t kBitsBlock = 512;  // elements, a multiple of every Vec::size()
+struct StochasticBits {
+  alignas(64) uint16_t halves[kBitsBlock + 4];
+  int64_t begin = 0, end = 0;  // the span's elements [begin, end) have bits
+  const uint16_t* at = halves;  // element `begin`'s bits
+
+  void fill(const ASGDSpan& s, int64_t from) {
+    const uint64_t base = static_cast<uint64_t>(s.sr_index + from);
+    const uint64_t pair = base >> 1;
+    constexpr int kPairs = kBitsBlock / 2 + 1;
+    const uint32_t lo = static_cast<uint32_t>(pair);
+    if (lo <= UINT32_MAX - kPairs) {  // the pairs share the pair index's high half
+      const uint32_t k0 = static_cast<uint32_t>(s.sr_key);
+      const uint32_t k1_hi =
+          static_cast<uint32_t>(s.sr_key >> 32) + static_cast<uint32_t>(pair >> 32);
+#pragma omp simd
+      for (int j = 0; j < kPairs; ++j) {
+        const uint32_t h = math::sr_pair_bits32(k0, k1_hi, lo + j);
+        std::memcpy(halves + 2 * j, &h, sizeof h);
+      }
+    } else {
+      for (int j = 0; j < kPairs; ++j) {
+        const uint32_t h = math::sr_pair_bits(s.sr_key, pair + j);
+        std::memcpy(halves + 2 * j, &h, sizeof h);
+      }
+    }
+    // little-endian: pair m's low half (element 2m), then its high half
+    static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the uint16 halves above");
+    at = halves + (base & 1);
+    begin = from;
+    end = from + kBitsBlock;
+  }
+};
+
 // fp16/bf16 lanes as stored: rounded to nearest (at::vec's conversion), or
-// stochastically with each element's random bits (math::sr_bits).
+// stochastically with the lanes' random bits `r` (selects only, vectorized).
 template <typename scalar_t, bool kStochastic>
 Vectorized<scalar_t> round_to_stored(const Vectorized<float>& p0, const Vectorized<float>& p1,
-                                     const ASGDSpan& s, int64_t i) {
+                                     const uint16_t* r) {
   if constexpr (!kStochastic) {
     return at::vec::convert_from_float<scalar_t>(p0, p1);
   } else {
-    constexpr int64_t kF = Vectorized<float>::size();
-    alignas(64) float x[2 * kF];
-    alignas(64) uint32_t r[2 * kF];
-    alignas(64) scalar_t out[2 * kF];
+    constexpr int kN = 2 * Vectorized<float>::size();
+    alignas(64) float x[kN];
+    alignas(64) uint16_t out[kN];
     p0.store(x);
-    p1.store(x + kF);
-    const int64_t base = s.sr_index + i;
-    for (int64_t j = 0; j < 2 * kF; ++j) r[j] = math::sr_bits(s.sr_key, base + j);
-    for (int64_t j = 0; j < 2 * kF; ++j) out[j] = math::round_stochastic<scalar_t>(x[j], r[j]);
+    p1.store(x + kN / 2);
+    if constexpr (std::is_same_v<scalar_t, at::BFloat16>) {
+#pragma omp simd
+      for (int j = 0; j < kN; ++j) out[j] = math::bf16_bits_stochastic(x[j], r[j]);
+    } else {
+#pragma omp simd
+      for (int j = 0; j < kN; ++j) out[j] = math::fp16_bits_stochastic(x[j], r[j]);
+    }
     return Vectorized<scalar_t>::loadu(out);
   }
 }
@@ -108,12 +149,17 @@ void asgd_typed(const ASGDSpan& s) {
     // fp16/bf16: compute in float32, round the parameter once on store; the
     // average moves toward the parameter as stored.
     using FVec = Vectorized<float>;
+    StochasticBits bits;  // (unused when rounding to nearest)
     for (; i + Vec::size() <= s.n; i += Vec::size()) {
+      if constexpr (kStochastic) {
+        if (i >= bits.end) bits.fill(s, i);
+      }
       auto [p0, p1] = at::vec::convert_to_float<scalar_t>(Vec::loadu(p + i));
       auto [g0, g1] = at::vec::convert_to_float<scalar_t>(Vec::loadu(g + i));
       math::asgd_param(p0, g0, cv, IsaMulAdd{});
       math::asgd_param(p1, g1, cv, IsaMulAdd{});
-      const Vec stored = round_to_stored<scalar_t, kStochastic>(p0, p1, s, i);
+      const Vec stored =
+          round_to_stored<scalar_t, kStochastic>(p0, p1, bits.at + (i - bits.begin));
       stored.store(p + i);
       auto [q0, q1] = at::vec::convert_to_float<scalar_t>(stored);
       if constexpr (std::is_same_v<ax_t, float>) {

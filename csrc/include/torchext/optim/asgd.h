@@ -78,6 +78,22 @@ struct TORCHEXT_API ASGDOptions
   // own dtype either way. ax averages the parameters as stored (rounded to
   // their dtype). Checkpoints re-take ax in this rule's dtype on load.
   TORCH_ARG(std::optional<at::ScalarType>, average_dtype) = at::kFloat;
+  // Python's `stochastic_rounding`: the new value of a float16/bfloat16
+  // parameter (computed in float32) is rounded up or down to a neighbour in
+  // its dtype with probability by its distance to each, instead of to
+  // nearest, so that updates below half an ulp still move it on average
+  // (round to nearest drops them: pure-bf16 training stalls). The random
+  // bits are a counter-based hash of rounding_seed, the parameter's place
+  // in the optimizer (its group's index << 32 | its index in the group),
+  // the step being taken and the element's index: the same bits in C++ and
+  // Python, on CPU and CUDA, and after a checkpoint. float32, float64 and
+  // complex parameters ignore it. It needs the fused op: refused with
+  // fused=false (validate()), and a step whose group would take the
+  // unfused path (a device without torchext kernels) throws.
+  TORCH_ARG(bool, stochastic_rounding) = false;
+  // The seed of those bits (any value; the same on every process so that
+  // replicas round alike). Both checkpoint formats keep both options.
+  TORCH_ARG(int64_t, rounding_seed) = 0;
 
  public:
   // Sets a tensor lr (see the constructor); lr(double) sets a float lr and
@@ -97,7 +113,8 @@ struct TORCHEXT_API ASGDOptions
   // asgd_ op's own rules (lr, lambd, alpha, weight_decay finite and >= 0;
   // t0 and every t0_per_param value not NaN, inf meaning never average).
   // A tensor lr's value is checked only on the CPU (no device read, no sync).
-  // average_dtype must be at::kFloat or nullopt.
+  // average_dtype must be at::kFloat or nullopt; stochastic_rounding needs
+  // fused unset or true.
   void validate() const;
   // The dtype of the average ax of `param` under these options (Python's
   // average_dtype_of): float32 for a float16/bfloat16 param unless
