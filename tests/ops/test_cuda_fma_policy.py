@@ -90,10 +90,10 @@ def test_cuda_kernels_contract_nothing_on_their_own(tmp_path):
     kernels = ["ASGDElementwise", "ScanBody", "UpdateScaleBody"]
     names, fused, separate = _compare(str(source), tmp_path, kernels)
     # asgd_ per (dtype, average dtype) (6: the 4 dtypes with an average of
-    # their own, fp16 and bf16 with a float32 one) with list and packed
-    # metadata, scan per dtype (4), each in both kernel-parameter layouts;
-    # and update_scale.
-    assert len(names) == 6 * 2 * 2 + 4 * 2 + 1, names
+    # their own, fp16 and bf16 with a float32 one), and fp16/bf16's 4 again
+    # with stochastic rounding, with list and packed metadata, scan per dtype
+    # (4), each in both kernel-parameter layouts; and update_scale.
+    assert len(names) == (6 + 4) * 2 * 2 + 4 * 2 + 1, names
     for name in names:
         assert fused[name] == separate[name], f"nvcc contracted a multiply-add in {name}"
         body = fused[name]

@@ -162,7 +162,7 @@ struct ASGDElementwise {
       }
       const uint64_t stream = slot_word(meta.ptrs[kPtrs][bc.slot]);
       const auto offset = static_cast<int64_t>(slot_word(meta.ptrs[kPtrs + 1][bc.slot]));
-      sr_key = math::sr_key(stream, load_scalar(step_p, args.state_is_double) + 1.0);
+      sr_key = math::sr_key(stream, math::add(load_scalar(step_p, args.state_is_double), 1.0));
       sr_first = Rounding::first_index(offset, bc.begin);
     }
     // One element (index i in the chunk; stochastic rounding only): the
