@@ -147,7 +147,7 @@ class SlotGroup:
     call steps. ``axs[i]`` is None while ``params[i]`` has no state."""
     __slots__ = ("device", "t0", "params", "ids", "axs", "mus", "etas", "steps", "views", "native",
                  "native_run", "native_check", "native_norms", "plain", "_args_key", "_args",
-                 "_rounding")
+                 "_rounding", "_offsets")
 
     def __init__(self, device: torch.device, t0: float, params: list[Tensor],
                  ids: list[int]) -> None:
@@ -158,6 +158,7 @@ class SlotGroup:
         # position and its own there), which keys its stochastic rounding.
         self.ids = ids
         self._rounding = (None, None, None)
+        self._offsets = None  # each param's rounding offset, made at first use
         self.axs: list[Tensor | None] = [None] * len(params)
         self.native = self.native_run = self.native_check = self.native_norms = None
         self.plain = all(type(p) in _PLAIN for p in params)
@@ -230,8 +231,9 @@ class SlotGroup:
         group rounds to nearest)."""
         if not group.get("stochastic_rounding"):
             return {}
-        params = [self.params[i] for i in idx]
-        offsets = [_dtensor.flat_offset(p) for p in params]
+        if self._offsets is None:  # (a param's layout is fixed for the slot group's life)
+            self._offsets = [_dtensor.flat_offset(p) for p in self.params]
+        offsets = [self._offsets[i] for i in idx]
         return _op.rounding_args(group.get("rounding_seed", 0), [self.ids[i] for i in idx],
                                  offsets if any(offsets) else None)
 
