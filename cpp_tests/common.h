@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <torchext/optim/asgd.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -12,6 +13,20 @@
 #include <string>
 
 namespace torchext_test {
+
+// A reference entry's key with its index ("p" 3 -> "p3").
+inline std::string idx(const std::string& key, size_t i) { return key + std::to_string(i); }
+
+// A C++ ASGD's state of `p`, and its group g's options.
+inline const torchext::optim::ASGDParamState& state_of(const torchext::optim::ASGD& opt,
+                                                       const torch::Tensor& p) {
+  return static_cast<const torchext::optim::ASGDParamState&>(
+      *opt.state().at(p.unsafeGetTensorImpl()));
+}
+inline const torchext::optim::ASGDOptions& options_of(const torchext::optim::ASGD& opt,
+                                                      size_t g) {
+  return static_cast<const torchext::optim::ASGDOptions&>(opt.param_groups()[g].options());
+}
 
 inline std::string ref_dir() {
   const char* d = std::getenv("TORCHEXT_REF_DIR");

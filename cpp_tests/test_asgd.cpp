@@ -18,10 +18,6 @@ using namespace torchext_test;
 
 namespace {
 
-const ASGDParamState& state_of(const ASGD& opt, const torch::Tensor& p) {
-  return static_cast<const ASGDParamState&>(*opt.state().at(p.unsafeGetTensorImpl()));
-}
-
 ASGDOptions options_from(const torch::Tensor& row) {
   const auto v = row.accessor<double, 1>();
   return ASGDOptions(v[0]).lambd(v[1]).alpha(v[2]).t0(v[3]).weight_decay(v[4]).maximize(v[5] != 0);

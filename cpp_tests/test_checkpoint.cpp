@@ -24,8 +24,6 @@ namespace {
 
 using Ref = std::map<std::string, torch::Tensor>;
 
-std::string idx(const std::string& key, size_t i) { return key + std::to_string(i); }
-
 // Tensors for Python: a dict that torch.load(path, weights_only=True) reads.
 void save_tensors(const std::vector<torch::Tensor>& ts, const std::string& path) {
   c10::Dict<std::string, torch::Tensor> d;

@@ -23,16 +23,6 @@ namespace {
 
 using Ref = std::map<std::string, torch::Tensor>;
 
-std::string idx(const std::string& key, size_t i) { return key + std::to_string(i); }
-
-const ASGDParamState& state_of(const ASGD& opt, const torch::Tensor& p) {
-  return static_cast<const ASGDParamState&>(*opt.state().at(p.unsafeGetTensorImpl()));
-}
-
-const ASGDOptions& options_of(const ASGD& opt, size_t g) {
-  return static_cast<const ASGDOptions&>(opt.param_groups()[g].options());
-}
-
 // make_reference.py's LP_GROUPS: params {0, 1} with the default average_dtype
 // (float32 ax), param 2 opted out (ax in the param's dtype).
 std::unique_ptr<ASGD> lp_asgd(const std::vector<torch::Tensor>& params,

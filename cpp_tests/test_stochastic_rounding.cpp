@@ -27,16 +27,6 @@ namespace {
 
 using Ref = std::map<std::string, torch::Tensor>;
 
-std::string idx(const std::string& key, size_t i) { return key + std::to_string(i); }
-
-const ASGDParamState& state_of(const ASGD& opt, const torch::Tensor& p) {
-  return static_cast<const ASGDParamState&>(*opt.state().at(p.unsafeGetTensorImpl()));
-}
-
-const ASGDOptions& options_of(const ASGD& opt, size_t g) {
-  return static_cast<const ASGDOptions&>(opt.param_groups()[g].options());
-}
-
 int64_t default_seed(const Ref& ref) { return R(ref, "default_seed").item<int64_t>(); }
 
 // make_reference.py's SR_GROUPS: group 0 (params 0-2, split into two op calls
