@@ -7,6 +7,7 @@
 // run C++ saved).
 #include "common.h"
 
+#include <torchext/elementwise_math.h>
 #include <torchext/torchext.h>
 
 #include <torch/csrc/jit/serialization/pickle.h>
@@ -519,4 +520,47 @@ TEST(StochasticRounding, BadValuesAreRefusedWhole) {
   torch::save(*src, unfused);
   EXPECT_THROW_MSG(torch::load(*opt, unfused), "needs the fused op");
   expect_unchanged(before, snapshot(*opt, params));
+}
+
+// The CPU kernel rounds fp16 lanes with fp16_value_stochastic (a float32
+// value, then the conversion to nearest); CUDA and the contract use
+// fp16_bits_stochastic. The two agree: every 13-bit random value on the
+// edges (fp16's subnormal/normal boundary, its largest value, the float32
+// subnormals, inf, NaN, zero), and a sweep of float32 bit patterns with a
+// spread of random values.
+TEST(StochasticRounding, Fp16ValueIsTheBitsAsAFloat) {
+  namespace math = torchext::math;
+  auto agree = [](uint32_t bits, uint16_t r) {
+    const float x = math::float_from_bits(bits);
+    const c10::Half h(math::fp16_value_stochastic(x, r));
+    const uint16_t want = math::fp16_bits_stochastic(x, r);
+    if (h.x != want) {
+      ADD_FAILURE() << "x bits 0x" << std::hex << bits << " r 0x" << r << ": value gives 0x"
+                    << h.x << ", bits give 0x" << want;
+      return false;
+    }
+    return true;
+  };
+  std::vector<uint32_t> edges;
+  for (uint32_t mid : {0x38800000u, 0x477fe000u, 0x47800000u, 0x33800000u, 0x00000000u,
+                       0x00800000u, 0x7f7fffffu, 0x7f800000u, 0x7fc00000u}) {
+    for (uint32_t d = 0; d < 40; ++d) {
+      edges.push_back(mid + d * 0x101u);
+      edges.push_back(mid - d * 0x101u);
+    }
+  }
+  edges.push_back(0x7f800001u);  // a signalling NaN
+  edges.push_back(0x7fffffffu);
+  for (uint32_t b : edges) {
+    for (uint32_t sign : {0u, 0x80000000u}) {
+      for (uint32_t r = 0; r < 65536; r += 8) {
+        if (!agree(b | sign, static_cast<uint16_t>(r | (r >> 13)))) return;
+      }
+    }
+  }
+  uint32_t r = 12345;
+  for (uint64_t b = 0; b <= 0xffffffffull; b += 997) {
+    r = r * 1664525u + 1013904223u;
+    if (!agree(static_cast<uint32_t>(b), static_cast<uint16_t>(r >> 16))) return;
+  }
 }

@@ -315,5 +315,9 @@ def test_the_block_under_a_compiled_eval_function():
             inside = evaluate(x)
         after = evaluate(x)
     assert torch.equal(after, before)
-    torch.testing.assert_close(inside, averaged(x), rtol=2 ** -7, atol=2 ** -7)
+    # against the same compiled code on a copy holding the averages: Inductor's
+    # bf16 matmuls need not round as eager's (under ATEN_CPU_CAPABILITY=avx2
+    # they differ by 0.07 here)
+    want = torch.compile(lambda inp: averaged(inp), fullgraph=True)(x)
+    torch.testing.assert_close(inside, want, rtol=2 ** -7, atol=2 ** -7)
     assert not torch.equal(inside, before)

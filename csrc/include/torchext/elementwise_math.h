@@ -335,6 +335,25 @@ C10_HOST_DEVICE inline uint16_t fp16_bits_stochastic(float x, uint16_t r) {
   return static_cast<uint16_t>(sign | h);
 }
 
+// fp16_bits_stochastic's result as the float32 value it stands for (a NaN:
+// the quiet NaN with x's sign), in 32-bit lanes only: no 16-bit packing.
+// The CPU kernel rounds this way, then stores with the conversion to
+// nearest (F16C's vcvtps2ph), which is exact here as the value is a float16
+// (>= 65536 converts to inf), and averages it with no conversion back.
+// Proven equal to fp16_bits_stochastic (cpp_tests/test_stochastic_rounding).
+// In the normal lanes the 2**-14 is a 0 (x + 0 = x), so no select is needed.
+C10_HOST_DEVICE inline float fp16_value_stochastic(float x, uint16_t r) {
+  const uint32_t b = float_bits(x);
+  const uint32_t a = b & 0x7fffffffu;
+  const uint32_t is_sub = 0u - static_cast<uint32_t>(a < 0x38800000u);
+  const float bias = float_from_bits(0x38800000u & is_sub);  // 2**-14 or 0
+  const uint32_t src = float_bits(add(float_from_bits(a), bias));
+  const float cut = float_from_bits((src + (static_cast<uint32_t>(r) >> 3)) & ~0x1fffu);
+  const uint32_t v = float_bits(sub(cut, bias));
+  const uint32_t is_nan = 0u - static_cast<uint32_t>(a > 0x7f800000u);
+  return float_from_bits(((0x7fc00000u & is_nan) | (v & ~is_nan)) | (b & 0x80000000u));
+}
+
 // x rounded stochastically to T (c10::BFloat16 or c10::Half) with bits r.
 template <typename T>
 C10_HOST_DEVICE inline T round_stochastic(float x, uint16_t r) {
